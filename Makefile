@@ -1,0 +1,53 @@
+# loadlens: every target sets itself up (idempotently) so a fresh machine needs nothing by hand.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help venv system-deps demo test lint typecheck bench fixtures clean
+
+help:
+	@echo "make demo   - start the simulated server and stream requests through it"
+	@echo "make test   - lint, type-check and run the whole test suite"
+	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
+	@echo "make lint   - ruff"
+	@echo "make fixtures - regenerate committed golden files (metrics exposition)"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the tests use (promtool, amtool). Installed only when running as root; otherwise
+# the tests that need them say what to install and skip.
+system-deps:
+	@bash scripts/system-deps.sh
+
+demo: venv
+	$(PY) -m exporters.demo
+
+test: venv system-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+bench: venv
+	$(PY) -m benchmarks
+
+fixtures: venv
+	$(PY) -m tests.update_fixtures
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
