@@ -1,0 +1,92 @@
+"""The simulated device-state document: the contract between the sim engine and the GPU exporter.
+
+The sim engine serves it at ``GET /sim/device-state`` (see docs/device-state.md); the GPU exporter's
+``sim`` backend reads it and presents it through the same call surface as pynvml. Units are base units
+(bytes, watts, joules, hertz, seconds) except where NVML itself uses a percentage (utilisation, 0-100).
+
+Versioning: ``version`` is bumped on any incompatible change; readers reject versions they do not know.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEVICE_STATE_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class UtilSample(_Strict):
+    """One utilisation sample, as NVML's nvmlDeviceGetSamples returns them."""
+
+    timestamp_us: int = Field(description="CLOCK_REALTIME microseconds, like NVML's sample timestamps")
+    gpu_percent: float = Field(ge=0, le=100, description="share of the sample period a kernel was running")
+
+
+class MemoryByOwner(_Strict):
+    """Who holds the device memory, in bytes. Sums to ``used_bytes`` of the device."""
+
+    weights: int = Field(ge=0)
+    kv_cache: int = Field(ge=0)
+    activations: int = Field(ge=0)
+    adapters: int = Field(ge=0)
+    allocator_slack: int = Field(ge=0, description="reserved by the caching allocator but not allocated")
+    other: int = Field(ge=0, description="CUDA context, cuBLAS workspaces, NCCL buffers")
+
+
+class AllocatorState(_Strict):
+    """The caching allocator, with the same fields as torch.cuda.memory_stats() (current values)."""
+
+    reserved_bytes: int = Field(ge=0)
+    allocated_bytes: int = Field(ge=0)
+    active_bytes: int = Field(ge=0)
+    inactive_split_bytes: int = Field(ge=0)
+    requested_bytes: int = Field(ge=0, description="what callers asked for, before rounding to blocks")
+    segments: int = Field(ge=0)
+    alloc_retries: int = Field(ge=0, description="cumulative cudaMalloc retries after a cache flush")
+    ooms: int = Field(ge=0, description="cumulative out-of-memory errors")
+    largest_free_block_bytes: int = Field(ge=0)
+    total_free_bytes: int = Field(ge=0, description="free bytes inside reserved segments")
+
+
+class DeviceProcess(_Strict):
+    pid: int = Field(ge=1)
+    name: str
+    used_bytes: int = Field(ge=0)
+
+
+class SimDevice(_Strict):
+    index: int = Field(ge=0)
+    uuid: str
+    name: str = Field(description="marketing name, as nvmlDeviceGetName returns it")
+    memory_total_bytes: int = Field(gt=0)
+    memory_used_bytes: int = Field(ge=0)
+    memory_reserved_bytes: int = Field(ge=0, description="driver/firmware reservation (memory info v2)")
+    memory_by_owner: MemoryByOwner
+    allocator: AllocatorState
+    util_gpu_percent: float = Field(ge=0, le=100, description="instant utilisation (last sample period)")
+    util_memory_percent: float = Field(ge=0, le=100)
+    util_samples: list[UtilSample] = Field(description="samples newer than the request's `since_us`, oldest first")
+    sample_interval_seconds: float = Field(gt=0, description="native interval between utilisation samples")
+    power_watts: float = Field(ge=0)
+    power_limit_watts: float = Field(gt=0)
+    energy_joules: float = Field(ge=0, description="cumulative since the simulator started")
+    temperature_gpu_celsius: float
+    temperature_memory_celsius: float
+    sm_clock_hz: float = Field(ge=0)
+    memory_clock_hz: float = Field(ge=0)
+    max_sm_clock_hz: float = Field(gt=0)
+    clock_event_reasons: list[str] = Field(
+        description="active clock-event (throttle) reasons, NVML names without prefix, e.g. 'sw_power_cap'"
+    )
+    processes: list[DeviceProcess]
+
+
+class DeviceState(_Strict):
+    version: int = Field(description=f"document version; this is version {DEVICE_STATE_VERSION}")
+    timestamp_us: int = Field(description="when the document was produced, CLOCK_REALTIME microseconds")
+    driver_version: str
+    cuda_driver_version: int = Field(description="as nvmlSystemGetCudaDriverVersion, e.g. 12040")
+    devices: list[SimDevice]

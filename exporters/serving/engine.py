@@ -1,0 +1,241 @@
+"""The engine interface: what the HTTP layer needs from whatever generates tokens.
+
+The HTTP layer knows requests, streams and errors; it knows no engine internals and never asks which
+engine it has. The shape follows vLLM's ``AsyncLLM`` so the in-process vLLM engine fits it one-to-one::
+
+    vLLM:    async for out in llm.generate(prompt, params, request_id, lora_request=..., priority=...,
+                                           trace_headers=...)
+             await llm.abort(request_id)
+    here:    stream = await engine.generate(request)    # admission: raises EngineError before any output
+             async for event in stream: ...              # OutputEvents until one has finish_reason
+             await stream.aclose()                       # client went away: aborts in the engine
+
+``generate`` is a coroutine that returns the stream (rather than an async generator) so that admission
+errors - prompt too long, queue full, unknown adapter, upstream 4xx - surface before the HTTP layer has sent
+a status line, and become proper 4xx/5xx responses.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Endpoint = Literal["chat", "completions"]
+
+
+class FinishReason(enum.StrEnum):
+    """Values of vLLM's ``finished_reason`` label (the ones the sim and proxy produce)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class ErrorKind(enum.StrEnum):
+    """Why an engine refused or failed a request; each maps to one HTTP status (see openai_errors)."""
+
+    INVALID_REQUEST = "invalid_request"  # 400
+    NOT_FOUND = "not_found"  # 404: unknown model or adapter
+    QUEUE_FULL = "queue_full"  # 429
+    UNAVAILABLE = "unavailable"  # 503: engine not ready, upstream unreachable
+    UPSTREAM = "upstream"  # status forwarded verbatim from a proxied server
+    INTERNAL = "internal"  # 500: a bug or engine crash
+
+
+class EngineError(Exception):
+    """A refusal or failure with enough detail for an OpenAI-style error body.
+
+    ``status`` is only used for ``ErrorKind.UPSTREAM`` (the proxied server's status); ``body`` is the
+    upstream's own error JSON to forward unchanged when there is one.
+    """
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int | None = None,
+        body: Mapping[str, Any] | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.status = status
+        self.body = body
+        self.retry_after_seconds = retry_after_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoRARequest:
+    """vLLM's LoRARequest fields: equality by name, integer id >= 1."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    request_id: str
+    endpoint: Endpoint
+    model: str
+    """The served name the client asked for: the base model or a loaded adapter."""
+    prompt: str
+    """Prompt text (chat messages rendered with a simple template; images excluded)."""
+    image_count: int
+    """Number of ``image_url`` parts; the engine turns them into prompt tokens as its model does."""
+    sampling: SamplingParams
+    arrival_time: float
+    """``time.monotonic()`` when the HTTP layer received the request (TTFT is measured from here)."""
+    priority: int = 0
+    lora: LoRARequest | None = None
+    trace_headers: Mapping[str, str] | None = None
+    body: Mapping[str, Any] = field(default_factory=dict)
+    """The validated client JSON body, for engines that forward it (the proxy)."""
+    stream_requested: bool = True
+    """Whether the client asked to stream; engines may use it to choose an upstream mode."""
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """Timing marks the engine knows (``time.monotonic()``); ``None`` where the engine cannot know them.
+
+    The HTTP layer owns arrival and emission times; these marks feed span events and the queue/prefill/
+    decode split. The proxy engine knows none of the scheduler marks.
+    """
+
+    queued: float | None = None
+    scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    lora_blocked_seconds: float = 0.0
+    """Time this request spent blocked behind adapter loads (guide 2.4 hot-swap blocking)."""
+    preemptions: int = 0
+
+
+@dataclass(slots=True)
+class OutputEvent:
+    """One step of output for one request. The last event of a stream has ``finish_reason`` set."""
+
+    text: str
+    """New text since the previous event."""
+    new_tokens: int
+    """Output tokens this event carries (one SSE chunk may carry several)."""
+    prompt_tokens: int
+    """Prompt tokens as the engine counted them (images included)."""
+    output_tokens: int
+    """Cumulative output tokens including this event."""
+    finish_reason: FinishReason | None = None
+    stop_reason: str | None = None
+    cached_tokens: int = 0
+    wire_chunk: Mapping[str, Any] | None = None
+    """An upstream's own SSE chunk, to forward as-is (proxy engines); ``None`` lets the HTTP layer build it."""
+    role: str | None = None
+    """Set on a first chunk that only announces the assistant role (OpenAI chat streaming)."""
+
+
+class RequestStream(abc.ABC):
+    """The output of one admitted request. Iterate it; ``aclose`` aborts the request if unfinished."""
+
+    request_id: str
+    timing: RequestTiming
+
+    def __aiter__(self) -> AsyncIterator[OutputEvent]:
+        return self
+
+    @abc.abstractmethod
+    async def __anext__(self) -> OutputEvent: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Abort the request in the engine if it has not finished; idempotent."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """One entry of ``GET /v1/models``."""
+
+    id: str
+    owned_by: str = "loadlens"
+    max_model_len: int | None = None
+    parent: str | None = None
+    root: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    detail: str = ""
+
+
+class Engine(abc.ABC):
+    """What the serving layer drives. Implementations: sim (default), openai (proxy), vllm (later)."""
+
+    name: str
+    """Short engine name, used as the ``gen_ai.provider.name`` and log field."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start background work (scheduler loop, connection pool). Called once before serving."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Abort everything in flight and release resources."""
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerationRequest) -> RequestStream:
+        """Admit a request. Raises :class:`EngineError` before any output when it cannot be served."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Abort a request by id (no-op if unknown or finished)."""
+
+    @abc.abstractmethod
+    async def models(self) -> list[ModelCard]:
+        """The base model and every loaded adapter."""
+
+    @abc.abstractmethod
+    async def load_adapter(self, lora: LoRARequest) -> None:
+        """Register an adapter. Raises EngineError (INVALID_REQUEST if it exists or is malformed)."""
+
+    @abc.abstractmethod
+    async def unload_adapter(self, lora_name: str) -> None:
+        """Forget an adapter. Raises EngineError(NOT_FOUND) if unknown."""
+
+    @abc.abstractmethod
+    def knobs(self) -> dict[str, Any]:
+        """Current runtime knobs (batching window, max_num_seqs, ...); empty if the engine has none."""
+
+    @abc.abstractmethod
+    async def set_knobs(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply knob changes atomically (all or none). Raises EngineError(INVALID_REQUEST) naming the
+        offending knob. Returns the knobs after the change."""
+
+    @abc.abstractmethod
+    async def health(self) -> Health: ...
+
+    def device_state(self, since_us: int = 0) -> Mapping[str, Any] | None:
+        """The simulated device-state document (docs/device-state.md), or None when the engine has no
+        simulated device (real engines: the GPU exporter reads NVML instead)."""
+        return None
+
+    def max_model_len(self) -> int | None:
+        """The context length, when known (for validation and token buckets)."""
+        return None
