@@ -55,11 +55,12 @@ class SLOConfig:
     source: str
 
     def class_for_priority(self, priority: int) -> PriorityClass:
+        """The class whose range holds ``priority``; values beyond every range go to the nearest end class."""
         for cls in self.classes:
             if cls.priority_min <= priority <= cls.priority_max:
                 return cls
-        # Validation guarantees full coverage of the int range we accept; this is a programming error.
-        raise LookupError(f"no priority class covers priority {priority}")
+        ordered = sorted(self.classes, key=lambda c: c.priority_min)
+        return ordered[0] if priority < ordered[0].priority_min else ordered[-1]
 
     @property
     def class_names(self) -> tuple[str, ...]:

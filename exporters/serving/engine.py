@@ -145,14 +145,20 @@ class OutputEvent:
     finish_reason: FinishReason | None = None
     stop_reason: str | None = None
     cached_tokens: int = 0
-    wire_chunk: Mapping[str, Any] | None = None
-    """An upstream's own SSE chunk, to forward as-is (proxy engines); ``None`` lets the HTTP layer build it."""
+    wire_chunk: bytes | None = None
+    """An upstream's own SSE ``data:`` payload (JSON bytes), forwarded verbatim to streaming clients
+    (proxy engines); ``None`` lets the HTTP layer build the chunk."""
     role: str | None = None
     """Set on a first chunk that only announces the assistant role (OpenAI chat streaming)."""
 
 
 class RequestStream(abc.ABC):
-    """The output of one admitted request. Iterate it; ``aclose`` aborts the request if unfinished."""
+    """The output of one admitted request. Iterate it; ``aclose`` aborts the request if unfinished.
+
+    Exactly one event carries ``finish_reason``. Engines that build their own events end the stream there;
+    a proxy may follow it with one usage-only event (``new_tokens == 0``, final counts, the upstream's usage
+    chunk as ``wire_chunk``), because OpenAI servers send usage after the finishing chunk.
+    """
 
     request_id: str
     timing: RequestTiming

@@ -1,0 +1,533 @@
+"""The OpenAI-compatible HTTP layer (FastAPI on uvicorn), engine-agnostic.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics``, ``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter``, ``GET|PATCH
+/admin/knobs``, ``GET /sim/device-state``. Every error is an OpenAI-style JSON body; a client mistake is
+never a 500. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from exporters import __version__
+from exporters.common.slo import SLOConfig, load_slos
+from exporters.serving.adapters import AdapterRegistry, resolve_adapter_path
+from exporters.serving.engine import (
+    Endpoint,
+    Engine,
+    EngineError,
+    ErrorKind,
+    GenerationRequest,
+    RequestStream,
+)
+from exporters.serving.errors import engine_error_response, engine_error_status, error_response, sse_error_event
+from exporters.serving.lifecycle import RequestLifecycle
+from exporters.serving.metrics import OVERFLOW_MODEL, ServingMetrics
+from exporters.serving.protocol import (
+    ParsedRequest,
+    RequestError,
+    parse_json_body,
+    parse_load_adapter,
+    parse_request,
+    parse_unload_adapter,
+)
+from exporters.serving.request_log import LogFormat, RequestLogger
+from exporters.serving.responses import DONE, ChunkWriter, full_response
+from exporters.serving.tracing import Tracing, extract_context, parse_traceparent
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Image data URLs make bodies large; beyond this a request is refused with 413 before parsing."""
+
+_REJECT_REASON = {
+    ErrorKind.INVALID_REQUEST: "invalid_request",
+    ErrorKind.NOT_FOUND: "unknown_model",
+    ErrorKind.QUEUE_FULL: "queue_full",
+    ErrorKind.UNAVAILABLE: "unavailable",
+    ErrorKind.UPSTREAM: "upstream_error",
+    ErrorKind.INTERNAL: "internal",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    admin_token: str | None = None
+    lora_root: Path | None = None
+    log_format: LogFormat = "logfmt"
+    slos: SLOConfig | None = None
+
+
+class ServingState:
+    """Everything the routes share: the engine, metrics, tracing, adapters, served names."""
+
+    def __init__(
+        self, engine: Engine, settings: ServeSettings, registry: CollectorRegistry, tracing: Tracing | None
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.registry = registry
+        self.slos = settings.slos or load_slos()
+        self.metrics = ServingMetrics(registry, self.slos, engine.name, __version__)
+        self.tracing = tracing or Tracing.from_env(__version__, self.metrics.spans_dropped.inc)
+        self.logger = RequestLogger(settings.log_format)
+        self.adapters = AdapterRegistry()
+        self.base_model = ""
+        self.served: set[str] = set()
+        self.adapter_lock = asyncio.Lock()
+
+    async def refresh_models(self) -> None:
+        cards = await self.engine.models()
+        if cards and not self.base_model:
+            self.base_model = cards[0].id
+        self.served = {c.id for c in cards}
+        for name in self.served:
+            self.metrics.seed_model(name)
+
+
+def _check_admin(state: ServingState, request: Request) -> Response | None:
+    token = state.settings.admin_token
+    if not token:
+        return None
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return error_response(401, "missing or invalid admin bearer token", headers={"WWW-Authenticate": "Bearer"})
+    return None
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise _TooLarge()
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise _TooLarge()
+    return parse_json_body(raw)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class GenerationResponse(Response):
+    """Runs one admitted request to completion, streaming (SSE) or not, and aborts it if the client leaves.
+
+    A watcher task waits for ``http.disconnect`` and cancels the producing task; the producer then aborts
+    the request in the engine (freeing its slot and KV blocks) and records it as a client abort (499).
+    """
+
+    def __init__(
+        self, state: ServingState, life: RequestLifecycle, stream: RequestStream, parsed: ParsedRequest, model: str
+    ) -> None:
+        self.state = state
+        self.life = life
+        self.engine_stream = stream
+        self.parsed = parsed
+        self.model = model
+        self.background = None
+        self._finished_producing = False
+        self._client_gone = False
+        self.status_code = 200
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        producer = asyncio.current_task()
+        assert producer is not None
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if not self._finished_producing:
+                        self._client_gone = True
+                        producer.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        try:
+            if self.parsed.stream:
+                await self._stream(send)
+            else:
+                await self._whole(send)
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+            producer.uncancel()
+            await self.engine_stream.aclose()
+            self.life.finish_abort("client_disconnect", self.engine_stream.timing)
+        finally:
+            watcher.cancel()
+            if not self.life.done:
+                # Server shutdown or an unexpected exception: never leave the engine slot held.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.engine_stream.aclose())
+                self.life.finish_abort("shutdown", self.engine_stream.timing)
+
+    async def _stream(self, send: Send) -> None:
+        p = self.parsed
+        life = self.life
+        writer = ChunkWriter(p.endpoint, self._response_id(), self.model, int(time.time()), p.continuous_usage_stats)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-request-id", life.request_id.encode()),
+                ],
+            }
+        )
+        sent_role = p.endpoint != "chat"
+        saw_wire = False
+        finish_reason: str | None = None
+        cached = 0
+        try:
+            async for ev in self.engine_stream:
+                now = time.monotonic()
+                life.on_event(now, ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
+                if ev.finish_reason is not None:
+                    finish_reason = ev.finish_reason.value
+                cached = ev.cached_tokens or cached
+                if ev.wire_chunk is None and ev.new_tokens == 0 and not ev.text and ev.finish_reason is None:
+                    if ev.role is None:
+                        continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
+                if ev.wire_chunk is not None:
+                    saw_wire = True
+                    body = b"data: " + ev.wire_chunk + b"\n\n"
+                elif ev.role is not None:
+                    continue  # the role chunk is sent with the first content below, as vLLM does
+                else:
+                    body = writer.content(
+                        ev.text,
+                        ev.prompt_tokens,
+                        ev.output_tokens,
+                        ev.finish_reason.value if ev.finish_reason is not None else None,
+                        ev.stop_reason,
+                    )
+                    if not sent_role:
+                        body = writer.role(ev.prompt_tokens) + body
+                        sent_role = True
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        except EngineError as err:
+            self._finished_producing = True
+            status = engine_error_status(err)
+            await send({"type": "http.response.body", "body": sse_error_event(status, err.message), "more_body": True})
+            await send({"type": "http.response.body", "body": DONE, "more_body": False})
+            life.finish_error(status, _REJECT_REASON.get(err.kind, "internal"), err.message, self.engine_stream.timing)
+            return
+        tail = DONE
+        if p.include_usage and not saw_wire:
+            tail = writer.usage(life.prompt_tokens, life.output_tokens, cached) + DONE
+        self._finished_producing = True
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
+
+    async def _whole(self, send: Send) -> None:
+        life = self.life
+        parts: list[str] = []
+        finish_reason: str | None = None
+        stop_reason: str | None = None
+        cached = 0
+        try:
+            async for ev in self.engine_stream:
+                life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
+                if ev.text:
+                    parts.append(ev.text)
+                if ev.finish_reason is not None:
+                    finish_reason, stop_reason = ev.finish_reason.value, ev.stop_reason
+                cached = ev.cached_tokens or cached
+        except EngineError as err:
+            self._finished_producing = True
+            response = engine_error_response(err)
+            life.finish_error(
+                response.status_code, _REJECT_REASON.get(err.kind, "internal"), err.message, self.engine_stream.timing
+            )
+            await response({"type": "http"}, _no_receive, send)
+            return
+        body = full_response(
+            self.parsed.endpoint,
+            self._response_id(),
+            self.model,
+            int(time.time()),
+            "".join(parts),
+            finish_reason,
+            stop_reason,
+            life.prompt_tokens,
+            life.output_tokens,
+            cached,
+        )
+        payload = json.dumps(body).encode()
+        self._finished_producing = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"x-request-id", life.request_id.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
+
+    def _response_id(self) -> str:
+        prefix = "chatcmpl-" if self.parsed.endpoint == "chat" else "cmpl-"
+        return prefix + self.life.request_id
+
+
+async def _no_receive() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
+
+
+async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -> Response:
+    arrival = time.monotonic()
+    request_id = uuid.uuid4().hex
+    headers = request.headers
+    parent_ids = parse_traceparent(headers.get("traceparent"))
+    tracer = state.tracing.tracer
+    parent_ctx = extract_context(headers) if (tracer is not None and parent_ids) else None
+    default_class = state.slos.class_for_priority(0)
+
+    def early_life(model: str, priority: int, stream: bool) -> RequestLifecycle:
+        return RequestLifecycle.start(
+            metrics=state.metrics,
+            logger=state.logger,
+            tracer=tracer,
+            parent=parent_ctx,
+            parent_ids=parent_ids,
+            request_id=request_id,
+            path=request.url.path,
+            endpoint=endpoint,
+            requested_model=model,
+            model_label=model if model in state.served else OVERFLOW_MODEL,
+            priority=priority,
+            priority_class=state.slos.class_for_priority(priority),
+            stream=stream,
+            arrival=arrival,
+        )
+
+    try:
+        body = await _read_json(request)
+        parsed = parse_request(endpoint, body)
+    except _TooLarge:
+        life = early_life(state.base_model, 0, False)
+        life.reject(413, "invalid_request", f"request body larger than {MAX_BODY_BYTES} bytes")
+        return error_response(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    except RequestError as err:
+        life = early_life(state.base_model, 0, False)
+        life.cls = default_class
+        life.reject(400, "invalid_request", err.message)
+        return error_response(400, err.message, err.param)
+
+    model = parsed.model or state.base_model
+    life = early_life(model, parsed.priority, parsed.stream)
+    life.set_request_attributes(parsed.sampling.max_tokens, parsed.sampling.temperature, parsed.sampling.seed)
+    lora = state.adapters.get(model)
+    gen = GenerationRequest(
+        request_id=request_id,
+        endpoint=endpoint,
+        model=model,
+        prompt=parsed.prompt,
+        image_count=parsed.image_count,
+        sampling=parsed.sampling,
+        arrival_time=arrival,
+        priority=parsed.priority,
+        lora=lora,
+        trace_headers={"traceparent": f"00-{life.trace_id}-{life.span_id}-01"},
+        body=parsed.body,
+        stream_requested=parsed.stream,
+    )
+    try:
+        stream = await state.engine.generate(gen)
+    except EngineError as err:
+        response = engine_error_response(err)
+        life.reject(response.status_code, _REJECT_REASON.get(err.kind, "internal"), err.message)
+        return response
+    life.admit()
+    return GenerationResponse(state, life, stream, parsed, model)
+
+
+def create_app(
+    engine: Engine,
+    settings: ServeSettings | None = None,
+    *,
+    registry: CollectorRegistry | None = None,
+    tracing: Tracing | None = None,
+) -> FastAPI:
+    """Build the app around an engine. The engine is started and stopped with the app's lifespan."""
+    settings = settings or ServeSettings()
+    state = ServingState(engine, settings, registry or CollectorRegistry(), tracing)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        await state.refresh_models()
+        try:
+            yield
+        finally:
+            await engine.stop()
+            state.tracing.shutdown()
+
+    app = FastAPI(title="loadlens serve", version=__version__, lifespan=lifespan)
+    app.state.serving = state
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        message = "Not Found" if exc.status_code == 404 else str(exc.detail)
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = first.get("loc", ())
+        param = str(loc[-1]) if loc else None
+        return error_response(400, f"{param}: {first.get('msg', 'invalid value')}", param)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        return error_response(500, f"internal error: {type(exc).__name__}")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _generate(state, request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(state, request, "completions")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        cards = await engine.models()
+        created = int(time.time())
+        data = [
+            {
+                "id": c.id,
+                "object": "model",
+                "created": created,
+                "owned_by": c.owned_by,
+                "root": c.root or c.id,
+                "parent": c.parent,
+                "max_model_len": c.max_model_len,
+                "permission": [],
+            }
+            for c in cards
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/health")
+    async def health() -> Response:
+        h = await engine.health()
+        if h.ok:
+            return JSONResponse({"status": "ok", "engine": engine.name})
+        return error_response(503, f"engine unavailable: {h.detail}")
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(state.registry), media_type=content_type)
+
+    async def _admin(request: Request, action: Callable[[], Awaitable[Response]]) -> Response:
+        denied = _check_admin(state, request)
+        if denied is not None:
+            return denied
+        try:
+            return await action()
+        except _TooLarge:
+            return error_response(413, "request body too large")
+        except RequestError as err:
+            return error_response(400, err.message, err.param)
+        except EngineError as err:
+            return engine_error_response(err)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        async def action() -> Response:
+            body = parse_load_adapter(await _read_json(request))
+            path = resolve_adapter_path(settings.lora_root, body.lora_path)
+            started = time.monotonic()
+            async with state.adapter_lock:
+                if body.lora_name in state.adapters or body.lora_name == state.base_model:
+                    raise RequestError(f"The lora adapter '{body.lora_name}' has already been loaded.", "lora_name")
+                lora = state.adapters.make(body.lora_name, path)
+                try:
+                    await engine.load_adapter(lora)
+                except EngineError:
+                    state.metrics.adapter_ops.labels("load", "error").inc()
+                    raise
+                state.adapters.add(lora)
+                await state.refresh_models()
+            state.metrics.adapter_ops.labels("load", "success").inc()
+            state.metrics.adapter_op_duration.labels("load").observe(time.monotonic() - started)
+            return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
+
+        return await _admin(request, action)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        async def action() -> Response:
+            name = parse_unload_adapter(await _read_json(request))
+            started = time.monotonic()
+            async with state.adapter_lock:
+                if name not in state.adapters:
+                    state.metrics.adapter_ops.labels("unload", "error").inc()
+                    return error_response(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+                try:
+                    await engine.unload_adapter(name)
+                except EngineError:
+                    state.metrics.adapter_ops.labels("unload", "error").inc()
+                    raise
+                state.adapters.remove(name)
+                await state.refresh_models()
+            state.metrics.adapter_ops.labels("unload", "success").inc()
+            state.metrics.adapter_op_duration.labels("unload").observe(time.monotonic() - started)
+            return Response(f"Success: LoRA adapter '{name}' removed successfully.", media_type="text/plain")
+
+        return await _admin(request, action)
+
+    @app.get("/admin/knobs")
+    async def get_knobs(request: Request) -> Response:
+        async def action() -> Response:
+            return JSONResponse({"engine": engine.name, "knobs": engine.knobs()})
+
+        return await _admin(request, action)
+
+    @app.patch("/admin/knobs")
+    async def patch_knobs(request: Request) -> Response:
+        async def action() -> Response:
+            changes = await _read_json(request)
+            if not changes:
+                raise RequestError("send a JSON object of knob names to new values", None)
+            knobs = await engine.set_knobs(changes)
+            return JSONResponse({"engine": engine.name, "knobs": knobs})
+
+        return await _admin(request, action)
+
+    @app.get("/sim/device-state")
+    async def device_state(since_us: int = 0) -> Response:
+        if since_us < 0:
+            return error_response(400, "since_us must be >= 0", "since_us")
+        doc = engine.device_state(since_us)
+        if doc is None:
+            return error_response(404, f"engine '{engine.name}' has no simulated device")
+        return JSONResponse(doc)
+
+    return app

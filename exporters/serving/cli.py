@@ -1,0 +1,162 @@
+"""``loadlens serve``: the instrumented OpenAI-compatible server.
+
+Every flag has a ``LOADLENS_*`` environment variable (shown in ``--help``). A broken profile, knob, SLO
+file or upstream URL is rejected before the server starts (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from exporters.common.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
+
+DEFAULT_PORT = 8000
+
+
+def _knob(text: str) -> tuple[str, Any]:
+    name, sep, raw = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # bare strings such as scheduling_policy=priority
+    return name.strip(), value
+
+
+def _knobs_env(text: str) -> list[tuple[str, Any]]:
+    return [_knob(item) for item in text.split(",") if item.strip()]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the instrumented OpenAI-compatible server (sim engine or proxy)",
+        description=(
+            "Serve /v1/chat/completions and /v1/completions with Prometheus metrics (/metrics), OTLP traces "
+            "(OTEL_* variables) and one structured log line per request. Engines: 'sim' simulates a vLLM-like "
+            "server on a given GPU and model; 'openai' proxies to any OpenAI-compatible upstream."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    env_arg(p, "--engine", choices=["sim", "openai"], default="sim", help="engine behind the HTTP layer")
+    env_arg(p, "--upstream", default=None, help="upstream base URL for --engine openai, e.g. http://127.0.0.1:8001")
+    env_arg(p, "--upstream-api-key", default=None, help="bearer token sent to the upstream (openai engine)")
+    env_arg(p, "--model-profile", default="tiny", help="sim model profile: a name (see --list-profiles) or a YAML path")
+    env_arg(p, "--gpu-profile", default="h100-sxm", help="sim GPU profile: a name or a YAML path")
+    env_arg(p, "--served-model-name", default=None, help="model name clients use (sim; default: the profile name)")
+    env_arg(p, "--speed", type=positive_float, default=1.0, help="sim time compression: 10 runs the GPU 10x faster")
+    env_arg(p, "--seed", type=non_negative_int, default=0, help="sim random seed (output text, lengths, jitter)")
+    env_arg(p, "--jitter", type=float, default=0.0, help="sim step-time jitter: lognormal sigma, 0 = deterministic")
+    env_arg(
+        p,
+        "--knob",
+        type=_knob,
+        action="append",
+        default=None,
+        help="engine knob NAME=VALUE at start, repeatable (env: comma-separated), e.g. scheduling_policy=priority",
+    )
+    env_arg(p, "--host", default="127.0.0.1", help="address to bind")
+    env_arg(p, "--port", type=port_number, default=DEFAULT_PORT, help="TCP port")
+    env_arg(p, "--admin-token", default=None, help="bearer token required by admin and LoRA endpoints (prefer the env)")
+    env_arg(p, "--lora-root", type=Path, default=None, help="directory that runtime LoRA paths must resolve inside")
+    env_arg(p, "--slo-file", type=Path, default=None, help="SLO file (default: the packaged slos.yaml)")
+    env_arg(p, "--log-format", choices=["logfmt", "json"], default="logfmt", help="request log line format")
+    env_arg(p, "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="log level")
+    p.add_argument("--list-profiles", action="store_true", help="print the packaged sim profiles and exit")
+    p.set_defaults(handler=run)
+
+
+def _knob_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    items = args.knob
+    if isinstance(items, str):  # from the environment variable
+        items = _knobs_env(items)
+    return dict(items or [])
+
+
+def build_engine(args: argparse.Namespace, registry: Any) -> Any:
+    """Construct the engine from CLI args; every user mistake raises UsageError."""
+    from exporters.serving.engine import EngineError
+
+    if args.engine == "openai":
+        from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+
+        if not args.upstream:
+            raise UsageError("--engine openai needs --upstream URL (or LOADLENS_UPSTREAM)")
+        if _knob_overrides(args):
+            raise UsageError("--knob applies to the sim engine only; configure the upstream server itself")
+        try:
+            return OpenAIProxyEngine(args.upstream, api_key=args.upstream_api_key)
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+
+    from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile
+
+    try:
+        model = load_model_profile(args.model_profile)
+        gpu = load_gpu_profile(args.gpu_profile)
+    except ProfileError as err:
+        raise UsageError(str(err)) from err
+    try:
+        return SimEngine(
+            model,
+            gpu,
+            registry=registry,
+            served_model_name=args.served_model_name,
+            speed=args.speed,
+            seed=args.seed,
+            jitter=args.jitter,
+            knobs=_knob_overrides(args),
+        )
+    except (EngineError, ValueError) as err:
+        raise UsageError(str(err)) from err
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+
+    from exporters.common.slo import SLOConfigError, load_slos
+    from exporters.serving.app import ServeSettings, create_app
+    from exporters.serving.request_log import configure_logging
+
+    if args.list_profiles:
+        from exporters.serving.engines.sim import list_profiles
+
+        for kind, names in list_profiles().items():
+            print(f"{kind}: {', '.join(names)}")
+        return 0
+    if args.lora_root is not None and not args.lora_root.is_dir():
+        raise UsageError(f"--lora-root {args.lora_root} is not a directory")
+    if args.jitter < 0:
+        raise UsageError(f"--jitter must be >= 0, got {args.jitter}")
+    try:
+        slos = load_slos(args.slo_file)
+    except SLOConfigError as err:
+        raise UsageError(str(err)) from err
+    registry = CollectorRegistry()
+    engine = build_engine(args, registry)
+    configure_logging(args.log_level)
+    settings = ServeSettings(
+        admin_token=args.admin_token or None, lora_root=args.lora_root, log_format=args.log_format, slos=slos
+    )
+    app = create_app(engine, settings, registry=registry)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    detail = f"upstream={args.upstream}" if args.engine == "openai" else f"model={args.model_profile} gpu={args.gpu_profile}"
+    print(f"loadlens serve: engine={args.engine} {detail} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,369 @@
+"""The ``openai`` engine: a transparent proxy to any OpenAI-compatible upstream (vllm serve, sglang,
+llama.cpp server, another loadlens).
+
+- Streams chunk by chunk without buffering: each upstream SSE ``data:`` payload is forwarded verbatim as the
+  event's ``wire_chunk`` (the only rewrite: usage fields the client did not ask for are stripped, because the
+  proxy always asks the upstream for them to count tokens exactly).
+- Non-streaming client requests are streamed from the upstream too, so the proxy measures time to first token
+  for them as well; the HTTP layer assembles the JSON body.
+- Upstream errors keep their status and body; an unreachable upstream is 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from exporters.serving.engine import (
+    Engine,
+    EngineError,
+    ErrorKind,
+    FinishReason,
+    GenerationRequest,
+    Health,
+    LoRARequest,
+    ModelCard,
+    OutputEvent,
+    RequestStream,
+    RequestTiming,
+)
+
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_FINISH = {r.value: r for r in FinishReason}
+# Headers the proxy must not forward: hop-by-hop ones, and the body-describing ones aiohttp recomputes.
+_DROP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding"}
+
+
+def _error_body(raw: bytes) -> Mapping[str, Any] | None:
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _error_message(body: Mapping[str, Any] | None, status: int, raw: bytes) -> str:
+    if body is not None:
+        err = body.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    text = raw[:200].decode("utf-8", "replace").strip()
+    return f"upstream returned HTTP {status}" + (f": {text}" if text else "")
+
+
+class _ProxyStream(RequestStream):
+    def __init__(self, response: aiohttp.ClientResponse, request: GenerationRequest) -> None:
+        self.request_id = request.request_id
+        self.timing = RequestTiming()
+        self._response = response
+        self._endpoint = request.endpoint
+        self._keep_usage = bool((request.body.get("stream_options") or {}).get("continuous_usage_stats"))
+        self._keep_final_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
+        self._client_streams = request.stream_requested
+        self._prompt_tokens = 0
+        self._output_tokens = 0
+        self._finished = False
+        self._closed = False
+        self._lines = response.content.__aiter__()
+
+    async def __anext__(self) -> OutputEvent:
+        while True:
+            try:
+                line = await self._lines.__anext__()
+            except StopAsyncIteration:
+                await self.aclose()
+                if not self._finished:
+                    self.timing.finished = asyncio.get_running_loop().time()
+                    raise EngineError(ErrorKind.UPSTREAM, "upstream closed the stream before finishing", status=502)
+                raise
+            except aiohttp.ClientError as err:
+                await self.aclose()
+                raise EngineError(ErrorKind.UPSTREAM, f"upstream stream broke: {err}", status=502) from err
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, event: lines
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                await self.aclose()
+                raise StopAsyncIteration
+            event = self._parse(payload)
+            if event is not None:
+                return event
+
+    def _parse(self, payload: bytes) -> OutputEvent | None:
+        try:
+            chunk = json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise EngineError(ErrorKind.UPSTREAM, f"upstream sent invalid JSON in the stream: {err}", status=502) from err
+        if not isinstance(chunk, dict):
+            return None
+        if "error" in chunk and "choices" not in chunk:
+            err = chunk["error"]
+            message = err.get("message") if isinstance(err, dict) else str(err)
+            raise EngineError(ErrorKind.UPSTREAM, f"upstream error mid-stream: {message}", status=502)
+        usage = chunk.get("usage")
+        new_tokens_from_usage: int | None = None
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt, int):
+                self._prompt_tokens = prompt
+            if isinstance(completion, int):
+                new_tokens_from_usage = max(0, completion - self._output_tokens)
+        choices = chunk.get("choices") or []
+        choice = choices[0] if choices and isinstance(choices[0], dict) else None
+        if choice is None:
+            # The usage-only chunk after the finishing one.
+            if new_tokens_from_usage:
+                self._output_tokens += new_tokens_from_usage
+            wire = payload if (self._keep_final_usage and self._client_streams) else None
+            if wire is None and not self._finished:
+                return None
+            return OutputEvent("", 0, self._prompt_tokens, self._output_tokens, wire_chunk=wire or None)
+        if self._endpoint == "chat":
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or ""
+            role = delta.get("role")
+        else:
+            text = choice.get("text") or ""
+            role = None
+        if new_tokens_from_usage is not None:
+            new_tokens = new_tokens_from_usage
+        else:
+            new_tokens = 1 if text else 0  # one token per content chunk when the upstream gives no usage
+        self._output_tokens += new_tokens
+        reason = choice.get("finish_reason")
+        finish = _FINISH.get(reason, FinishReason.STOP) if reason else None
+        if finish is not None:
+            self._finished = True
+            self.timing.finished = asyncio.get_running_loop().time()
+        if new_tokens and self.timing.first_token is None:
+            self.timing.first_token = asyncio.get_running_loop().time()
+        wire: bytes | None = None
+        if self._client_streams:
+            if isinstance(usage, dict) and not self._keep_usage:
+                chunk.pop("usage", None)
+                wire = json.dumps(chunk, separators=(",", ":")).encode()
+            else:
+                wire = payload
+        stop_reason = choice.get("stop_reason")
+        return OutputEvent(
+            text=text,
+            new_tokens=new_tokens,
+            prompt_tokens=self._prompt_tokens,
+            output_tokens=self._output_tokens,
+            finish_reason=finish,
+            stop_reason=stop_reason if isinstance(stop_reason, str) else None,
+            wire_chunk=wire,
+            role=role if isinstance(role, str) and not text else None,
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Closing (not releasing) the connection tells the upstream to abort the request, as a client
+        # disconnect would; vLLM frees the slot and KV blocks on that.
+        if not self._finished:
+            self._response.close()
+        else:
+            self._response.release()
+
+
+class OpenAIProxyEngine(Engine):
+    """Forwards to ``upstream`` (e.g. ``http://127.0.0.1:8001``). One pooled keep-alive session."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        api_key: str | None = None,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 600.0,
+        max_connections: int = 0,
+    ) -> None:
+        if not upstream.startswith(("http://", "https://")):
+            raise ValueError(f"upstream must be an http(s) URL, got {upstream!r}")
+        self.upstream = upstream.rstrip("/")
+        if self.upstream.endswith("/v1"):
+            self.upstream = self.upstream[:-3]
+        self._api_key = api_key
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._streams: dict[str, _ProxyStream] = {}
+        self._cards: list[ModelCard] = []
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, auto_decompress=False, read_bufsize=2**16
+        )
+        with contextlib.suppress(EngineError):
+            self._cards = await self._fetch_models()
+
+    async def stop(self) -> None:
+        for stream in list(self._streams.values()):
+            await stream.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if self._api_key:
+            headers["authorization"] = f"Bearer {self._api_key}"
+        if extra:
+            headers.update({k: v for k, v in extra.items() if k.lower() not in _DROP_HEADERS})
+        return headers
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise EngineError(ErrorKind.UNAVAILABLE, "proxy engine is not started")
+        return self._session
+
+    async def generate(self, request: GenerationRequest) -> RequestStream:
+        session = self._require_session()
+        body = dict(request.body)
+        body["stream"] = True
+        options = dict(body.get("stream_options") or {})
+        # Always ask for usage so tokens are counted exactly; stripped again for clients that did not ask.
+        options["include_usage"] = True
+        options["continuous_usage_stats"] = True
+        body["stream_options"] = options
+        try:
+            response = await session.post(
+                self.upstream + _PATHS[request.endpoint],
+                data=json.dumps(body).encode(),
+                headers=self._headers(request.trace_headers),
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise EngineError(ErrorKind.UNAVAILABLE, f"upstream {self.upstream} unreachable: {err}") from err
+        if response.status != 200:
+            raw = await response.read()
+            response.release()
+            parsed = _error_body(raw)
+            retry = response.headers.get("retry-after")
+            raise EngineError(
+                ErrorKind.UPSTREAM,
+                _error_message(parsed, response.status, raw),
+                status=response.status,
+                body=parsed,
+                retry_after_seconds=float(retry) if retry and retry.replace(".", "", 1).isdigit() else None,
+            )
+        stream = _ProxyStream(response, request)
+        self._streams[request.request_id] = stream
+        stream.timing.queued = asyncio.get_running_loop().time()
+        return _Tracked(stream, self._streams)
+
+    async def abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            await stream.aclose()
+
+    async def _fetch_models(self) -> list[ModelCard]:
+        session = self._require_session()
+        try:
+            async with session.get(self.upstream + "/v1/models", headers=self._headers()) as response:
+                raw = await response.read()
+                if response.status != 200:
+                    raise EngineError(
+                        ErrorKind.UPSTREAM,
+                        _error_message(_error_body(raw), response.status, raw),
+                        status=response.status,
+                    )
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise EngineError(ErrorKind.UNAVAILABLE, f"upstream {self.upstream} unreachable: {err}") from err
+        doc = _error_body(raw) or {}
+        cards = []
+        for item in doc.get("data") or []:
+            if isinstance(item, dict) and isinstance(item.get("id"), str):
+                mml = item.get("max_model_len")
+                cards.append(
+                    ModelCard(
+                        id=item["id"],
+                        owned_by=str(item.get("owned_by") or "upstream"),
+                        max_model_len=mml if isinstance(mml, int) else None,
+                        parent=item.get("parent") if isinstance(item.get("parent"), str) else None,
+                        root=item.get("root") if isinstance(item.get("root"), str) else None,
+                    )
+                )
+        return cards
+
+    async def models(self) -> list[ModelCard]:
+        with contextlib.suppress(EngineError):
+            self._cards = await self._fetch_models()
+        return list(self._cards)
+
+    async def _post_admin(self, path: str, body: Mapping[str, Any]) -> None:
+        session = self._require_session()
+        try:
+            async with session.post(
+                self.upstream + path, data=json.dumps(body).encode(), headers=self._headers()
+            ) as response:
+                raw = await response.read()
+                if response.status != 200:
+                    parsed = _error_body(raw)
+                    raise EngineError(
+                        ErrorKind.UPSTREAM, _error_message(parsed, response.status, raw), status=response.status,
+                        body=parsed,
+                    )
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise EngineError(ErrorKind.UNAVAILABLE, f"upstream {self.upstream} unreachable: {err}") from err
+
+    async def load_adapter(self, lora: LoRARequest) -> None:
+        await self._post_admin("/v1/load_lora_adapter", {"lora_name": lora.lora_name, "lora_path": lora.lora_path})
+
+    async def unload_adapter(self, lora_name: str) -> None:
+        await self._post_admin("/v1/unload_lora_adapter", {"lora_name": lora_name})
+
+    def knobs(self) -> dict[str, Any]:
+        return {"upstream": self.upstream}
+
+    async def set_knobs(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        raise EngineError(
+            ErrorKind.INVALID_REQUEST,
+            f"the openai proxy engine has no runtime knobs (got {', '.join(sorted(changes))}); "
+            "change the upstream server's own settings",
+            param=next(iter(changes), None),
+        )
+
+    async def health(self) -> Health:
+        session = self._session
+        if session is None:
+            return Health(False, "not started")
+        try:
+            async with session.get(self.upstream + "/health", timeout=aiohttp.ClientTimeout(total=5)) as response:
+                if response.status == 200:
+                    return Health(True)
+                return Health(False, f"upstream /health returned {response.status}")
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            return Health(False, f"upstream unreachable: {err}")
+
+
+class _Tracked(RequestStream):
+    """Removes the stream from the engine's table when it ends, however it ends."""
+
+    def __init__(self, inner: _ProxyStream, table: dict[str, _ProxyStream]) -> None:
+        self._inner = inner
+        self._table = table
+        self.request_id = inner.request_id
+        self.timing = inner.timing
+
+    async def __anext__(self) -> OutputEvent:
+        try:
+            return await self._inner.__anext__()
+        except BaseException:
+            self._table.pop(self.request_id, None)
+            raise
+
+    async def aclose(self) -> None:
+        self._table.pop(self.request_id, None)
+        await self._inner.aclose()

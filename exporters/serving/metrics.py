@@ -1,0 +1,267 @@
+"""Serving-layer series, emitted in every engine mode: ``gen_ai_*`` (OTel GenAI semconv, Prometheus form)
+and ``loadlens_*``. Engines emit their own series (the sim: ``vllm:*``); no name is emitted twice.
+
+Label values are bounded: the model label only ever holds served names (capped, overflow ``other``),
+``priority_class`` comes from the SLO file, reasons and outcomes are enums. Per-label-set children are
+bound once and cached (:class:`SeriesSet`), so the per-token path is a handful of attribute lookups.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from exporters.common import buckets
+from exporters.common.slo import SLOConfig
+
+MAX_MODEL_LABELS = 64
+OVERFLOW_MODEL = "other"
+
+REJECT_REASONS = (
+    "invalid_request",
+    "unknown_model",
+    "queue_full",
+    "unavailable",
+    "unauthorized",
+    "upstream_error",
+    "internal",
+)
+ABORT_REASONS = ("client_disconnect", "engine_error", "shutdown")
+SLO_NAMES = ("ttft", "itl", "e2e")
+
+
+class ModelLabeler:
+    """Maps a requested model name to a bounded label value: served names only, at most MAX_MODEL_LABELS."""
+
+    def __init__(self, limit: int = MAX_MODEL_LABELS) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, served_name: str) -> str:
+        if served_name in self._seen:
+            return served_name
+        with self._lock:
+            if len(self._seen) >= self._limit:
+                return OVERFLOW_MODEL
+            self._seen.add(served_name)
+        return served_name
+
+
+@dataclass(slots=True)
+class SeriesSet:
+    """Children bound to one (operation, model, priority class): everything the request path touches."""
+
+    ttft: Histogram
+    tpot: Histogram
+    itl: Histogram
+    duration_ok: Histogram
+    tokens_in: Histogram
+    tokens_out: Histogram
+    output_tokens: Counter
+    in_flight: Gauge
+    goodput: Counter
+    finished: Counter
+    breach: dict[str, Counter]
+    lora_blocking: Histogram
+    lora_delayed: Counter
+
+
+class ServingMetrics:
+    """All serving-layer series on one registry. Create one per app (tests: a fresh registry each)."""
+
+    def __init__(self, registry: CollectorRegistry, slos: SLOConfig, provider: str, version: str) -> None:
+        self.slos = slos
+        self.provider = provider
+        self.model_label = ModelLabeler()
+        self._sets: dict[tuple[str, str, str], SeriesSet] = {}
+        self._lock = threading.Lock()
+        genai = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "priority_class"]
+        ll = ["model_name", "priority_class"]
+
+        self.ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from request arrival at the serving layer to the first output token sent (successful requests).",
+            genai,
+            buckets=buckets.with_boundaries(buckets.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN, slos.all_thresholds("ttft")),
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Per request: (duration - time to first token) / (output tokens - 1); requests with >1 output token.",
+            genai,
+            buckets=buckets.with_boundaries(buckets.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN, slos.all_thresholds("itl")),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "gen_ai_server_request_duration_seconds",
+            "Time from request arrival to the last byte of the response; error_type is set on failures.",
+            [*genai, "error_type"],
+            buckets=buckets.with_boundaries(buckets.GEN_AI_SERVER_REQUEST_DURATION, slos.all_thresholds("e2e")),
+            registry=registry,
+        )
+        self.token_usage = Histogram(
+            "gen_ai_server_token_usage",
+            "Tokens per request by gen_ai_token_type (input, output); server-side mirror of gen_ai.client.token.usage.",
+            [*genai, "gen_ai_token_type"],
+            buckets=buckets.GEN_AI_TOKEN_USAGE,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "loadlens_inter_token_latency_seconds",
+            "Gap between consecutive streamed output events of one request, as sent by the serving layer.",
+            ll,
+            buckets=buckets.with_boundaries(buckets.VLLM_INTER_TOKEN_LATENCY, slos.all_thresholds("itl")),
+            registry=registry,
+        )
+        self.output_tokens = Counter(
+            "loadlens_output_tokens",
+            "Output tokens sent to clients (counted as they stream, so rate() is smooth).",
+            ll,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "loadlens_requests",
+            "Finished generation requests by HTTP status code (after the response completed or failed).",
+            ["model_name", "priority_class", "code"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "loadlens_requests_in_flight",
+            "Generation requests admitted and not yet finished.",
+            ll,
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "loadlens_request_rejections",
+            "Requests refused before generation started, by reason.",
+            ["model_name", "reason"],
+            registry=registry,
+        )
+        self.aborts = Counter(
+            "loadlens_request_aborts",
+            "Requests aborted after admission, by reason (client_disconnect frees the engine slot and KV blocks).",
+            ["model_name", "reason"],
+            registry=registry,
+        )
+        self.sla_breaches = Counter(
+            "loadlens_sla_breaches",
+            "Finished requests that missed one SLO of their priority class (ttft, itl judged on TPOT, e2e).",
+            ["model_name", "priority_class", "slo"],
+            registry=registry,
+        )
+        self.goodput = Counter(
+            "loadlens_goodput_requests",
+            "Successfully finished requests that met every SLO of their priority class.",
+            ll,
+            registry=registry,
+        )
+        self.finished = Counter(
+            "loadlens_slo_eligible_requests",
+            "Successfully finished requests judged against the SLOs (the denominator of goodput and breaches).",
+            ll,
+            registry=registry,
+        )
+        self.slo_threshold = Gauge(
+            "loadlens_slo_threshold_seconds",
+            "The configured SLO thresholds (from the SLO file), for dashboards' SLO lines.",
+            ["priority_class", "slo"],
+            registry=registry,
+        )
+        self.slo_objective = Gauge(
+            "loadlens_slo_objective_ratio",
+            "The configured objective (share of requests that must meet the SLOs) per priority class.",
+            ["priority_class"],
+            registry=registry,
+        )
+        self.lora_blocking = Histogram(
+            "loadlens_lora_swap_blocking_seconds",
+            "Per request: time spent blocked behind adapter loads (hot swaps); engines that report it.",
+            ll,
+            buckets=buckets.with_boundaries(buckets.LORA_SWAP_BLOCKING, [slos.lora_swap.delay_seconds]),
+            registry=registry,
+        )
+        self.lora_delayed = Counter(
+            "loadlens_lora_swap_delayed_requests",
+            "Requests delayed by hot swaps longer than the lora_swap.delay_seconds SLO (guide 2.4: 200 ms).",
+            ll,
+            registry=registry,
+        )
+        self.adapter_ops = Counter(
+            "loadlens_lora_adapter_operations",
+            "Runtime adapter load/unload calls by outcome.",
+            ["operation", "outcome"],
+            registry=registry,
+        )
+        self.adapter_op_duration = Histogram(
+            "loadlens_lora_adapter_operation_duration_seconds",
+            "Duration of runtime adapter load/unload calls.",
+            ["operation"],
+            buckets=buckets.LORA_SWAP_BLOCKING,
+            registry=registry,
+        )
+        self.spans_dropped = Counter(
+            "loadlens_trace_spans_dropped",
+            "Spans dropped because the export queue was full (exporting never blocks requests).",
+            registry=registry,
+        )
+        self.build_info = Gauge(
+            "loadlens_build_info",
+            "Always 1; labels carry the loadlens version and the engine in use.",
+            ["version", "engine"],
+            registry=registry,
+        )
+        self.build_info.labels(version, provider).set(1)
+        for cls in slos.classes:
+            self.slo_objective.labels(cls.name).set(cls.objective_ratio)
+            for slo, threshold in cls.thresholds().items():
+                self.slo_threshold.labels(cls.name, slo).set(threshold)
+        self.slo_threshold.labels("all", "lora_swap_delay").set(slos.lora_swap.delay_seconds)
+        for op in ("load", "unload"):
+            for outcome in ("success", "error"):
+                self.adapter_ops.labels(op, outcome)
+
+    def series(self, operation: str, model: str, priority_class: str) -> SeriesSet:
+        key = (operation, model, priority_class)
+        found = self._sets.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._sets.get(key)
+            if found is None:
+                found = self._bind(operation, model, priority_class)
+                self._sets[key] = found
+        return found
+
+    def _bind(self, operation: str, model: str, cls: str) -> SeriesSet:
+        g = (operation, self.provider, model, cls)
+        ll = (model, cls)
+        breach = {slo: self.sla_breaches.labels(model, cls, slo) for slo in SLO_NAMES}
+        return SeriesSet(
+            ttft=self.ttft.labels(*g),
+            tpot=self.tpot.labels(*g),
+            itl=self.itl.labels(*ll),
+            duration_ok=self.duration.labels(*g, ""),
+            tokens_in=self.token_usage.labels(*g, "input"),
+            tokens_out=self.token_usage.labels(*g, "output"),
+            output_tokens=self.output_tokens.labels(*ll),
+            in_flight=self.in_flight.labels(*ll),
+            goodput=self.goodput.labels(*ll),
+            finished=self.finished.labels(*ll),
+            breach=breach,
+            lora_blocking=self.lora_blocking.labels(*ll),
+            lora_delayed=self.lora_delayed.labels(*ll),
+        )
+
+    def seed_model(self, model: str) -> None:
+        """Create every class's series for a served model at zero, so rate() has a baseline from the start."""
+        label = self.model_label(model)
+        for op in ("chat", "text_completion"):
+            for cls in self.slos.class_names:
+                self.series(op, label, cls)
+        for reason in REJECT_REASONS:
+            self.rejections.labels(label, reason)
+        for reason in ABORT_REASONS:
+            self.aborts.labels(label, reason)

@@ -1,0 +1,40 @@
+"""Run an ASGI app on a real uvicorn server in a background thread, on 127.0.0.1 and a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_app(app: Any, *, timeout_s: float = 10.0) -> Iterator[str]:
+    """Yield the base URL (``http://127.0.0.1:PORT``) while the app runs; stop it on exit."""
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, loop="asyncio", http="httptools", log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn did not start on port {port}")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)
