@@ -205,9 +205,14 @@ class GenerationResponse(Response):
                 if ev.finish_reason is not None:
                     finish_reason = ev.finish_reason.value
                 cached = ev.cached_tokens or cached
-                if ev.wire_chunk is None and ev.new_tokens == 0 and not ev.text and ev.finish_reason is None:
-                    if ev.role is None:
-                        continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
+                if (
+                    ev.wire_chunk is None
+                    and ev.new_tokens == 0
+                    and not ev.text
+                    and ev.finish_reason is None
+                    and ev.role is None
+                ):
+                    continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
                 if ev.wire_chunk is not None:
                     saw_wire = True
                     body = b"data: " + ev.wire_chunk + b"\n\n"
@@ -418,7 +423,7 @@ def create_app(
     async def models() -> Response:
         cards = await engine.models()
         created = int(time.time())
-        data = [
+        data: list[dict[str, Any]] = [
             {
                 "id": c.id,
                 "object": "model",

@@ -156,7 +156,11 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
-    detail = f"upstream={args.upstream}" if args.engine == "openai" else f"model={args.model_profile} gpu={args.gpu_profile}"
-    print(f"loadlens serve: engine={args.engine} {detail} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    detail = (
+        f"upstream={args.upstream}" if args.engine == "openai" else f"model={args.model_profile} gpu={args.gpu_profile}"
+    )
+    print(
+        f"loadlens serve: engine={args.engine} {detail} on http://{args.host}:{args.port}", file=sys.stderr, flush=True
+    )
     server.run()
     return 0 if server.started else 1

@@ -204,9 +204,7 @@ def parse_request(endpoint: Literal["chat", "completions"], body: dict[str, Any]
         if not isinstance(options, dict):
             raise RequestError("'stream_options' must be an object", "stream_options")
         include_usage = _opt_bool(options, "include_usage", False, where="stream_options.include_usage")
-        continuous = _opt_bool(
-            options, "continuous_usage_stats", False, where="stream_options.continuous_usage_stats"
-        )
+        continuous = _opt_bool(options, "continuous_usage_stats", False, where="stream_options.continuous_usage_stats")
 
     priority = body.get("priority", 0)
     if not _is_int(priority) or not -(2**63) <= priority < 2**63:
@@ -251,7 +249,9 @@ def parse_load_adapter(body: dict[str, Any]) -> LoadAdapterBody:
     if not isinstance(path, str) or not path.strip():
         raise RequestError("'lora_path' must be a non-empty string", "lora_path")
     if len(name) > 256 or any(c in name for c in "\n\r\t,"):
-        raise RequestError("'lora_name' must be at most 256 characters without commas or control characters", "lora_name")
+        raise RequestError(
+            "'lora_name' must be at most 256 characters without commas or control characters", "lora_name"
+        )
     return LoadAdapterBody(lora_name=name, lora_path=path)
 
 

@@ -143,14 +143,17 @@ class Tracing:
         return cls(tracer=None, provider=None)
 
     @classmethod
-    def from_env(cls, service_version: str, on_drop: Callable[[], None], exporter: SpanExporter | None = None) -> Tracing:
+    def from_env(
+        cls, service_version: str, on_drop: Callable[[], None], exporter: SpanExporter | None = None
+    ) -> Tracing:
         """Configure from OTEL_* (or with an explicit exporter, for tests)."""
         if exporter is None:
             if not tracing_requested():
                 return cls.disabled()
             exporter = build_exporter()
-        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "loadlens-serve"),
-                                    "service.version": service_version})
+        resource = Resource.create(
+            {"service.name": os.environ.get("OTEL_SERVICE_NAME", "loadlens-serve"), "service.version": service_version}
+        )
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(BoundedSpanProcessor(exporter, on_drop=on_drop))
         return cls(tracer=provider.get_tracer("loadlens.serving", service_version), provider=provider)

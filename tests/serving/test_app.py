@@ -121,7 +121,10 @@ def test_openai_client_streams_and_not(served: Served) -> None:
                 {
                     "model": "scripted",
                     "messages": [
-                        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}]}
+                        {
+                            "role": "user",
+                            "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}],
+                        }
                     ],
                 }
             ).encode(),
@@ -204,12 +207,14 @@ def test_client_disconnect_aborts_request_in_engine(served: Served) -> None:
     _wait_for(lambda: len(served.engine.aborted) == 1)
     assert served.engine.active == set()
     _wait_for(
-        lambda: served.sample(
-            "loadlens_request_aborts_total", {"model_name": "scripted", "reason": "client_disconnect"}
+        lambda: (
+            served.sample("loadlens_request_aborts_total", {"model_name": "scripted", "reason": "client_disconnect"})
+            == 1
         )
-        == 1
     )
-    assert served.sample("loadlens_requests_in_flight", {"model_name": "scripted", "priority_class": "interactive"}) == 0
+    assert (
+        served.sample("loadlens_requests_in_flight", {"model_name": "scripted", "priority_class": "interactive"}) == 0
+    )
     labels = {"model_name": "scripted", "priority_class": "interactive", "code": "499"}
     assert served.sample("loadlens_requests_total", labels) == 1
 
@@ -301,5 +306,7 @@ def test_metrics_openmetrics_has_trace_id_exemplars(served: Served) -> None:
     om = httpx.get(served.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     assert om.text.rstrip().endswith("# EOF")
-    ttft_lines = [ln for ln in om.text.splitlines() if ln.startswith("gen_ai_server_time_to_first_token_seconds_bucket")]
+    ttft_lines = [
+        ln for ln in om.text.splitlines() if ln.startswith("gen_ai_server_time_to_first_token_seconds_bucket")
+    ]
     assert any('# {trace_id="0af7651916cd43dd8448eb211c80319c"}' in ln for ln in ttft_lines)

@@ -51,7 +51,7 @@ def _error_message(body: Mapping[str, Any] | None, status: int, raw: bytes) -> s
     if body is not None:
         err = body.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
+            return str(err["message"])
         if isinstance(body.get("message"), str):
             return str(body["message"])
     text = raw[:200].decode("utf-8", "replace").strip()
@@ -81,7 +81,9 @@ class _ProxyStream(RequestStream):
                 await self.aclose()
                 if not self._finished:
                     self.timing.finished = asyncio.get_running_loop().time()
-                    raise EngineError(ErrorKind.UPSTREAM, "upstream closed the stream before finishing", status=502)
+                    raise EngineError(
+                        ErrorKind.UPSTREAM, "upstream closed the stream before finishing", status=502
+                    ) from None
                 raise
             except aiohttp.ClientError as err:
                 await self.aclose()
@@ -100,12 +102,14 @@ class _ProxyStream(RequestStream):
         try:
             chunk = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise EngineError(ErrorKind.UPSTREAM, f"upstream sent invalid JSON in the stream: {err}", status=502) from err
+            raise EngineError(
+                ErrorKind.UPSTREAM, f"upstream sent invalid JSON in the stream: {err}", status=502
+            ) from err
         if not isinstance(chunk, dict):
             return None
         if "error" in chunk and "choices" not in chunk:
-            err = chunk["error"]
-            message = err.get("message") if isinstance(err, dict) else str(err)
+            detail = chunk["error"]
+            message = detail.get("message") if isinstance(detail, dict) else str(detail)
             raise EngineError(ErrorKind.UPSTREAM, f"upstream error mid-stream: {message}", status=502)
         usage = chunk.get("usage")
         new_tokens_from_usage: int | None = None
@@ -121,10 +125,10 @@ class _ProxyStream(RequestStream):
             # The usage-only chunk after the finishing one.
             if new_tokens_from_usage:
                 self._output_tokens += new_tokens_from_usage
-            wire = payload if (self._keep_final_usage and self._client_streams) else None
-            if wire is None and not self._finished:
+            usage_wire = payload if (self._keep_final_usage and self._client_streams) else None
+            if usage_wire is None and not self._finished:
                 return None
-            return OutputEvent("", 0, self._prompt_tokens, self._output_tokens, wire_chunk=wire or None)
+            return OutputEvent("", 0, self._prompt_tokens, self._output_tokens, wire_chunk=usage_wire)
         if self._endpoint == "chat":
             delta = choice.get("delta") or {}
             text = delta.get("content") or ""
@@ -312,7 +316,9 @@ class OpenAIProxyEngine(Engine):
                 if response.status != 200:
                     parsed = _error_body(raw)
                     raise EngineError(
-                        ErrorKind.UPSTREAM, _error_message(parsed, response.status, raw), status=response.status,
+                        ErrorKind.UPSTREAM,
+                        _error_message(parsed, response.status, raw),
+                        status=response.status,
                         body=parsed,
                     )
         except (aiohttp.ClientError, TimeoutError, OSError) as err:

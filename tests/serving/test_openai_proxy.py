@@ -1,0 +1,146 @@
+"""The openai proxy engine in front of a real upstream server (a loadlens server on a scripted engine)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporters.serving.app import ServeSettings, create_app
+from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.tracing import Tracing
+from tests.serving.fakes import ScriptedEngine
+from tests.support.server import free_port, serve_app
+
+CHAT = "/v1/chat/completions"
+
+
+@dataclass
+class Chain:
+    proxy_url: str
+    upstream_url: str
+    upstream: ScriptedEngine
+    proxy_registry: CollectorRegistry
+
+
+@pytest.fixture
+def chain() -> Iterator[Chain]:
+    upstream = ScriptedEngine()
+    up_app = create_app(upstream, ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+    with serve_app(up_app) as up_url:
+        registry = CollectorRegistry()
+        proxy_app = create_app(
+            OpenAIProxyEngine(up_url), ServeSettings(), registry=registry, tracing=Tracing.disabled()
+        )
+        with serve_app(proxy_app) as proxy_url:
+            yield Chain(proxy_url, up_url, upstream, registry)
+
+
+def _chat(**extra: object) -> dict[str, object]:
+    return {"model": "scripted", "messages": [{"role": "user", "content": "hello there"}], **extra}
+
+
+def _events(text: str) -> list[str]:
+    return [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+
+
+def test_stream_is_forwarded_chunk_for_chunk(chain: Chain) -> None:
+    direct = _events(httpx.post(chain.upstream_url + CHAT, json=_chat(max_tokens=3, stream=True)).text)
+    proxied = _events(httpx.post(chain.proxy_url + CHAT, json=_chat(max_tokens=3, stream=True)).text)
+    assert len(proxied) == len(direct) == 5  # role, 3 tokens, [DONE]
+    strip = [{k: v for k, v in json.loads(e).items() if k not in ("id", "created")} for e in direct[:-1]]
+    got = [{k: v for k, v in json.loads(e).items() if k not in ("id", "created")} for e in proxied[:-1]]
+    assert got == strip  # usage the proxy asked for upstream is stripped again
+    assert proxied[-1] == "[DONE]"
+
+
+def test_usage_forwarded_when_client_asks(chain: Chain) -> None:
+    opts = {"include_usage": True}
+    events = _events(
+        httpx.post(chain.proxy_url + CHAT, json=_chat(max_tokens=2, stream=True, stream_options=opts)).text
+    )
+    last = json.loads(events[-2])
+    assert last["choices"] == []
+    assert last["usage"] == {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2}
+    assert sum(1 for e in events[:-1] if "usage" in json.loads(e)) == 1
+
+
+def test_non_stream_through_proxy_and_openai_client(chain: Chain) -> None:
+    body = httpx.post(chain.proxy_url + CHAT, json=_chat(max_tokens=3)).json()
+    assert body["choices"][0]["message"]["content"] == "t1 t2 t3 "
+    assert body["usage"]["completion_tokens"] == 3
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=chain.proxy_url + "/v1", api_key="x")
+    stream = client.completions.create(model="scripted", prompt="a b", max_tokens=2, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == "t1 t2 "
+    assert [m.id for m in client.models.list()] == ["scripted"]
+
+
+def test_upstream_status_and_body_are_forwarded(chain: Chain) -> None:
+    r = httpx.post(chain.proxy_url + CHAT, json={**_chat(), "model": "nope"})
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == "The model `nope` does not exist."
+    chain.upstream.max_active = 0
+    r = httpx.post(chain.proxy_url + CHAT, json=_chat())
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "2"
+    # Client mistakes caught at the proxy never reach the upstream.
+    assert httpx.post(chain.proxy_url + CHAT, json=_chat(n=3)).status_code == 400
+
+
+def test_metrics_at_the_proxy(chain: Chain) -> None:
+    for _ in range(2):
+        httpx.post(chain.proxy_url + CHAT, json=_chat(max_tokens=4, stream=True))
+    ia = {"model_name": "scripted", "priority_class": "interactive"}
+    assert chain.proxy_registry.get_sample_value("loadlens_output_tokens_total", ia) == 8
+    g = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "scripted",
+        "priority_class": "interactive",
+    }
+    assert chain.proxy_registry.get_sample_value("gen_ai_server_time_to_first_token_seconds_count", g) == 2
+    assert (
+        chain.proxy_registry.get_sample_value("gen_ai_server_token_usage_sum", {**g, "gen_ai_token_type": "input"}) == 6
+    )
+
+
+def test_disconnect_at_proxy_aborts_upstream(chain: Chain) -> None:
+    chain.upstream.itl_s = 0.05
+    host, port = chain.proxy_url.removeprefix("http://").split(":")
+    body = json.dumps(_chat(max_tokens=300, stream=True)).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while b"t1" not in received:
+            received += sock.recv(4096)
+    deadline = time.monotonic() + 5
+    while not chain.upstream.aborted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(chain.upstream.aborted) == 1
+    assert chain.upstream.active == set()
+
+
+def test_unreachable_upstream_is_503() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = create_app(OpenAIProxyEngine(dead), ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+    with serve_app(app) as url:
+        r = httpx.post(url + CHAT, json=_chat())
+        assert r.status_code == 503
+        assert "unreachable" in r.json()["error"]["message"]
+        assert httpx.get(url + "/health").status_code == 503
+
+
+def test_proxy_rejects_bad_upstream_url() -> None:
+    with pytest.raises(ValueError, match="http"):
+        OpenAIProxyEngine("ftp://example")

@@ -1,0 +1,124 @@
+"""Spans: one SERVER span per request, parented on traceparent, GenAI attributes, bounded export queue."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
+
+from exporters.serving.app import ServeSettings, create_app
+from exporters.serving.tracing import BoundedSpanProcessor, Tracing, parse_traceparent, tracing_requested
+from tests.serving.fakes import ScriptedEngine
+from tests.support.server import serve_app
+
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_span_per_request_with_genai_attributes_and_parent() -> None:
+    exporter = InMemorySpanExporter()
+    registry = CollectorRegistry()
+    tracing = Tracing.from_env("test", lambda: None, exporter=exporter)
+    app = create_app(ScriptedEngine(), ServeSettings(), registry=registry, tracing=tracing)
+    with serve_app(app) as url:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+        assert httpx.post(url + "/v1/chat/completions", json=body, headers={"traceparent": TP}).status_code == 200
+        assert httpx.post(url + "/v1/chat/completions", json={**body, "model": "nope"}).status_code == 404
+        assert tracing.provider is not None
+        tracing.provider.force_flush()
+        spans = exporter.get_finished_spans()
+    assert len(spans) == 2
+    ok, bad = spans
+    assert ok.name == "chat scripted"
+    assert ok.kind is SpanKind.SERVER
+    assert ok.context is not None and ok.parent is not None
+    assert f"{ok.context.trace_id:032x}" == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert f"{ok.parent.span_id:016x}" == "00f067aa0ba902b7"
+    attrs = dict(ok.attributes or {})
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.provider.name"] == "scripted"
+    assert attrs["gen_ai.request.model"] == "scripted"
+    assert attrs["gen_ai.request.max_tokens"] == 3
+    assert attrs["gen_ai.usage.input_tokens"] == 2  # the fake counts words of the rendered prompt
+    assert attrs["gen_ai.usage.output_tokens"] == 3
+    assert attrs["gen_ai.response.finish_reasons"] == ("length",)
+    names = [e.name for e in ok.events]
+    assert names[0] == "gen_ai.first_token"
+    assert {"gen_ai.queued", "gen_ai.prefill.start", "gen_ai.engine.first_token", "gen_ai.decode.end"} <= set(names)
+    assert bad.name == "chat other"  # unknown names never reach span names
+    assert bad.status.status_code is StatusCode.ERROR
+    assert dict(bad.attributes or {})["error.type"] == "unknown_model"
+
+
+class _SlowExporter(SpanExporter):
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.gate.wait(5)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.gate.set()
+
+
+def test_full_export_queue_drops_and_counts_without_blocking() -> None:
+    exporter = _SlowExporter()
+    drops: list[int] = []
+    proc = BoundedSpanProcessor(exporter, max_queue=2, interval_s=0.01, on_drop=lambda: drops.append(1))
+    span = object()
+    for _ in range(10):
+        proc.on_end(span)  # type: ignore[arg-type]
+    # The worker holds at most one batch; the queue holds 2; everything else was dropped, instantly.
+    assert 6 <= len(drops) <= 8
+    proc.shutdown()
+
+
+def test_tracing_env_switch() -> None:
+    assert not tracing_requested({})
+    assert tracing_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert not tracing_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"})
+    assert not tracing_requested({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (TP, ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")),
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-zz-01", None),
+        ("garbage", None),
+        (None, None),
+    ],
+)
+def test_parse_traceparent(value: str | None, expected: tuple[str, str] | None) -> None:
+    assert parse_traceparent(value) == expected
+
+
+def test_request_log_line_carries_trace_id(caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(
+        ScriptedEngine(), ServeSettings(log_format="json"), registry=CollectorRegistry(), tracing=Tracing.disabled()
+    )
+    logger = logging.getLogger("loadlens.request")
+    logger.setLevel(logging.INFO)
+    with caplog.at_level(logging.INFO, logger="loadlens.request"), serve_app(app) as url:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        httpx.post(url + "/v1/chat/completions", json=body, headers={"traceparent": TP})
+    import json
+
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "loadlens.request"]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert line["status"] == 200
+    assert line["output_tokens"] == 2
+    assert line["finish_reason"] == "length"
+    assert line["path"] == "/v1/chat/completions"
+    assert line["ttft_ms"] > 0 and line["e2e_ms"] >= line["ttft_ms"]
