@@ -1,0 +1,82 @@
+"""`loadlens serve` argument handling: env variables, and exit 2 with one line for every user mistake."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporters.cli import build_parser, main
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "exporters.cli", *args], capture_output=True, text=True, env=full_env, timeout=30
+    )
+
+
+def test_help_documents_every_flag_with_its_env_variable() -> None:
+    parser = build_parser()
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    flags = [a for a in serve._actions if a.option_strings and a.dest not in ("help", "list_profiles")]
+    assert {a.dest for a in flags} >= {
+        "engine",
+        "upstream",
+        "model_profile",
+        "gpu_profile",
+        "speed",
+        "seed",
+        "host",
+        "port",
+    }
+    for action in flags:
+        assert action.help and f"[env: LOADLENS_{action.dest.upper()}]" in action.help, action.dest
+
+
+def test_env_variable_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOADLENS_PORT", "8123")
+    monkeypatch.setenv("LOADLENS_ENGINE", "openai")
+    args = build_parser().parse_args(["serve"])
+    assert args.port == 8123
+    assert args.engine == "openai"
+    assert build_parser().parse_args(["serve", "--port", "9000"]).port == 9000
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        (["serve", "--engine", "openai"], {}, "--engine openai needs --upstream URL"),
+        (["serve", "--engine", "openai", "--upstream", "ftp://x"], {}, "upstream must be an http(s) URL"),
+        (["serve", "--port", "99999"], {}, "port out of range"),
+        (["serve", "--speed", "0"], {}, "must be a positive finite number"),
+        (["serve"], {"LOADLENS_PORT": "http"}, "LOADLENS_PORT='http'"),
+        (["serve"], {"LOADLENS_ENGINE": "magic"}, "LOADLENS_ENGINE='magic'"),
+        (["serve", "--lora-root", "/nonexistent/dir"], {}, "is not a directory"),
+        (["serve", "--knob", "oops"], {}, "expected NAME=VALUE"),
+    ],
+)
+def test_user_mistakes_exit_2_with_one_line(argv: list[str], env: dict[str, str], needle: str) -> None:
+    proc = _run(*argv, env=env)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert needle in last
+
+
+def test_broken_slo_file_rejected_before_start(tmp_path: Path) -> None:
+    bad = tmp_path / "slos.yaml"
+    bad.write_text("version: 1\nclasses: []\n")
+    proc = _run("serve", "--engine", "openai", "--upstream", "http://127.0.0.1:1", "--slo-file", str(bad))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"loadlens serve: error: {bad}: classes must be a non-empty list"]
+
+
+def test_main_returns_2_on_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--engine", "openai"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "loadlens serve: error: --engine openai needs --upstream URL (or LOADLENS_UPSTREAM)"
+    )
