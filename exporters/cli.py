@@ -17,6 +17,7 @@ from exporters.common.cliutil import UsageError
 SUBCOMMANDS: tuple[str, ...] = (
     "exporters.serving.cli",
     "exporters.gpu.cli",
+    "loadgen.cli",
 )
 
 
