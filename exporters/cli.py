@@ -18,6 +18,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "exporters.serving.cli",
     "exporters.gpu.cli",
     "loadgen.cli",
+    "exporters.pager.cli",
 )
 
 

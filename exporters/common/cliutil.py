@@ -26,13 +26,19 @@ class UsageError(Exception):
     """A user mistake detected after parsing (e.g. an unknown profile). ``main`` prints it and exits 2."""
 
 
-def env_name(flag: str) -> str:
-    return "LOADLENS_" + flag.lstrip("-").replace("-", "_").upper()
+def env_name(flag: str, prefix: str = "LOADLENS_") -> str:
+    return prefix + flag.lstrip("-").replace("-", "_").upper()
 
 
-def env_arg(parser: argparse.ArgumentParser, flag: str, *, help: str, **kwargs: Any) -> argparse.Action:
-    """Add ``flag`` whose default comes from ``LOADLENS_<FLAG>`` when set (flags still win)."""
-    var = env_name(flag)
+def env_arg(
+    parser: argparse.ArgumentParser, flag: str, *, help: str, env_prefix: str = "LOADLENS_", **kwargs: Any
+) -> argparse.Action:
+    """Add ``flag`` whose default comes from ``<env_prefix><FLAG>`` when set (flags still win).
+
+    ``loadlens serve`` uses the bare ``LOADLENS_`` prefix (its documented contract); other subcommands pass
+    their own (``LOADLENS_PAGER_``) so one environment can configure several processes without clashes.
+    """
+    var = env_name(flag, env_prefix)
     conv: Callable[[str], Any] = kwargs.get("type") or str
     action = kwargs.get("action")
     default = kwargs.get("default")

@@ -1,0 +1,101 @@
+"""The pager: v4 payload validation, lossless JSONL under concurrent posts, printed pages, counters."""
+
+from __future__ import annotations
+
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from exporters.pager.app import create_pager_app
+from tests.support.server import serve_app
+
+
+def payload(name: str = "LoadlensTTFTHigh", status: str = "firing", n: int = 1) -> dict[str, Any]:
+    alerts = [
+        {
+            "status": status,
+            "labels": {"alertname": name, "severity": "critical", "model_name": "m", "i": str(i)},
+            "annotations": {"summary": "TTFT p99 is over its SLO."},
+            "startsAt": "2026-11-29T22:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "http://127.0.0.1:19090/graph",
+            "fingerprint": f"f{i}",
+        }
+        for i in range(n)
+    ]
+    return {
+        "version": "4",
+        "groupKey": '{}:{alertname="' + name + '"}',
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "pager",
+        "groupLabels": {"alertname": name},
+        "commonLabels": {"alertname": name},
+        "commonAnnotations": {},
+        "externalURL": "http://127.0.0.1:19093",
+        "alerts": alerts,
+    }
+
+
+def test_accepts_v4_prints_logs_and_counts(tmp_path: Path) -> None:
+    log = tmp_path / "pages.jsonl"
+    out = io.StringIO()
+    registry = CollectorRegistry()
+    with serve_app(create_pager_app(log, registry, out)) as url:
+        r = httpx.post(url + "/alerts", json=payload(n=2))
+        assert r.status_code == 200
+        assert r.json() == {"status": "ok", "alerts": 2}
+        pages = httpx.get(url + "/pages").json()["notifications"]
+    assert len(pages) == 1 and pages[0]["receiver"] == "pager"
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["groupKey"] == '{}:{alertname="LoadlensTTFTHigh"}'
+    printed = out.getvalue().splitlines()
+    assert printed == [
+        "PAGE firing critical LoadlensTTFTHigh i=0 model_name=m :: TTFT p99 is over its SLO.",
+        "PAGE firing critical LoadlensTTFTHigh i=1 model_name=m :: TTFT p99 is over its SLO.",
+    ]
+    labels = {"alertname": "LoadlensTTFTHigh", "severity": "critical", "status": "firing"}
+    assert registry.get_sample_value("loadlens_pager_alerts_total", labels) == 2
+    assert (
+        registry.get_sample_value("loadlens_pager_notifications_total", {"receiver": "pager", "status": "firing"}) == 1
+    )
+
+
+def test_bad_payloads_are_400_and_not_logged(tmp_path: Path) -> None:
+    log = tmp_path / "pages.jsonl"
+    registry = CollectorRegistry()
+    with serve_app(create_pager_app(log, registry, io.StringIO())) as url:
+        cases = [
+            b"not json",
+            b"[]",
+            json.dumps({**payload(), "version": "3"}).encode(),
+            json.dumps({**payload(), "alerts": []}).encode(),
+            json.dumps({**payload(), "alerts": [{"status": "weird", "labels": {}, "startsAt": "x"}]}).encode(),
+        ]
+        for body in cases:
+            r = httpx.post(url + "/alerts", content=body)
+            assert r.status_code == 400, body
+            assert r.json()["error"]["code"] == 400
+    assert not log.exists() or log.read_text() == ""
+    assert registry.get_sample_value("loadlens_pager_invalid_payloads_total") == 5
+
+
+def test_concurrent_posts_lose_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "pages.jsonl"
+    with (
+        serve_app(create_pager_app(log, CollectorRegistry(), io.StringIO())) as url,
+        httpx.Client() as client,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        statuses = list(
+            pool.map(lambda i: client.post(url + "/alerts", json=payload(f"A{i}", n=3)).status_code, range(200))
+        )
+    assert statuses == [200] * 200
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 200
+    assert sorted(line["groupLabels"]["alertname"] for line in lines) == sorted(f"A{i}" for i in range(200))
