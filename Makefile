@@ -5,13 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv system-deps demo test lint typecheck bench fixtures clean
+.PHONY: help venv system-deps demo test lint typecheck bench fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
 	@echo "make lint   - ruff"
+	@echo "make generate - regenerate files derived from the SLO file (alerts/)"
 	@echo "make fixtures - regenerate committed golden files (metrics exposition)"
 
 $(STAMP): pyproject.toml
@@ -45,6 +46,9 @@ typecheck: venv
 
 bench: venv
 	$(PY) -m benchmarks
+
+generate: venv
+	$(PY) -m exporters.alerting.generate
 
 fixtures: venv
 	$(PY) -m tests.update_fixtures

@@ -10,6 +10,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class SLOConfig:
     gpu: dict[str, float]
     training: dict[str, float]
     source: str
+    alerting: dict[str, Any]
 
     def class_for_priority(self, priority: int) -> PriorityClass:
         """The class whose range holds ``priority``; values beyond every range go to the nearest end class."""
@@ -146,7 +148,47 @@ def parse_slos(doc: Any, source: str = "<memory>") -> SLOConfig:
         gpu={k: _num(gpu, k, "gpu") for k in gpu},
         training={k: _num(training, k, "training") for k in training},
         source=source,
+        alerting=_alerting(doc.get("alerting") or {}),
     )
+
+
+_ALERT_NUMBERS = {
+    "min_request_rate": 1e9,
+    "error_ratio": 1.0,
+    "goodput_ratio_min": 1.0,
+    "waiting_requests": 1e9,
+    "kv_cache_usage_ratio": 1.0,
+    "preemptions_per_second": 1e9,
+    "gpu_exporter_stale_seconds": 1e9,
+    "loadgen_cpu_ratio": 1.0,
+    "fairness_index_min": 1.0,
+}
+_DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d)$")
+
+
+def _alerting(section: Any) -> dict[str, Any]:
+    """Validate the alerting section; absent keys are fine here (the rule generator requires what it uses)."""
+    if not isinstance(section, dict):
+        raise SLOConfigError("alerting must be a mapping")
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        if key in _ALERT_NUMBERS:
+            out[key] = _num(section, key, "alerting", hi=_ALERT_NUMBERS[key])
+        elif key in ("latency_window", "latency_for"):
+            if not isinstance(value, str) or not _DURATION.match(value):
+                raise SLOConfigError(f"alerting.{key}: must be a Prometheus duration like 1m, got {value!r}")
+            out[key] = value
+        elif key == "selectors":
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise SLOConfigError("alerting.selectors: must map names to PromQL label matchers")
+            out[key] = dict(value)
+        elif key == "runbook_base_url":
+            if not isinstance(value, str) or not value.strip() or "#" in value:
+                raise SLOConfigError("alerting.runbook_base_url: must be a URL or path without a #fragment")
+            out[key] = value
+        else:
+            raise SLOConfigError(f"alerting.{key}: unknown key")
+    return out
 
 
 def load_slos(path: str | Path | None = None) -> SLOConfig:

@@ -1,0 +1,90 @@
+"""Generated rule files: current, valid (promtool check), unit-tested (promtool test), every alert covered."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporters.alerting import generate
+from exporters.alerting.rules import build_groups
+from exporters.common.slo import load_slos
+
+ALERTS = generate.ROOT / "alerts"
+TESTS = sorted((ALERTS / "tests").glob("*.test.yaml"))
+promtool = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool missing: apt-get install prometheus")
+
+
+def test_generated_files_are_current() -> None:
+    for path, text in generate.outputs().items():
+        assert path.read_text() == text, f"{path.name} is stale: run `make generate`"
+
+
+@needs_promtool
+def test_promtool_check_rules() -> None:
+    files = [str(p) for p in sorted(ALERTS.glob("loadlens-*.yaml"))]
+    proc = subprocess.run([promtool, "check", "rules", *files], capture_output=True, text=True, timeout=60)  # type: ignore[list-item]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+@needs_promtool
+@pytest.mark.parametrize("test_file", TESTS, ids=[p.name for p in TESTS])
+def test_promtool_unit_tests(test_file: Path) -> None:
+    proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)  # type: ignore[list-item]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _alert_tests() -> list[dict[str, Any]]:
+    cases = []
+    for path in TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            cases.extend(test.get("alert_rule_test", []))
+    return cases
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
+    _, alert_groups = build_groups(load_slos())
+    names = {r["alert"] for g in alert_groups for r in g["rules"]}
+    cases = _alert_tests()
+    firing = {c["alertname"] for c in cases if c.get("exp_alerts")}
+    quiet = {c["alertname"] for c in cases if not c.get("exp_alerts")}
+    assert names - firing == set(), "alerts without a firing test"
+    assert names - quiet == set(), "alerts without a not-firing test"
+
+
+def test_every_alert_follows_the_conventions() -> None:
+    _, alert_groups = build_groups(load_slos())
+    for group in alert_groups:
+        for rule in group["rules"]:
+            name = rule["alert"]
+            assert name.startswith("Loadlens") and name[0].isupper(), name
+            assert rule["for"], name
+            assert rule["labels"]["severity"] in {"critical", "warning"}, name
+            ann = rule["annotations"]
+            assert ann["summary"].endswith(".") and "{{" not in ann["summary"], name
+            assert "{{" in ann["description"], name
+            assert ann["runbook_url"].endswith("#" + name.lower()), name
+
+
+def test_runbooks_cover_every_alert() -> None:
+    _, alert_groups = build_groups(load_slos())
+    text = (generate.ROOT / "docs" / "runbooks.md").read_text()
+    anchors = {line.removeprefix("## ").strip().lower() for line in text.splitlines() if line.startswith("## ")}
+    for group in alert_groups:
+        for rule in group["rules"]:
+            assert rule["alert"].lower() in anchors, f"docs/runbooks.md has no section for {rule['alert']}"
+
+
+def test_check_mode_reports_stale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_root = tmp_path
+    (fake_root / "alerts").mkdir()
+    monkeypatch.setattr(generate, "ROOT", fake_root)
+    assert generate.main(["--check"]) == 1
+    assert generate.main([]) == 0
+    assert generate.main(["--check"]) == 0
