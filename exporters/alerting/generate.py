@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from exporters.alerting.alertmanager import alertmanager_config
 from exporters.alerting.rules import build_groups
 from exporters.common.slo import load_slos
 
@@ -41,6 +42,8 @@ def outputs(slo_file: Path | None = None) -> dict[Path, str]:
     return {
         ROOT / "alerts" / "loadlens-rules.yaml": render({"groups": recording}),
         ROOT / "alerts" / "loadlens-alerts.yaml": render({"groups": alerts}),
+        # The local default; deployments regenerate it from LOADLENS_* variables (exporters/alerting/alertmanager.py).
+        ROOT / "alerts" / "alertmanager.yml": render(alertmanager_config()),
     }
 
 
