@@ -19,6 +19,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "exporters.gpu.cli",
     "loadgen.cli",
     "exporters.pager.cli",
+    "exporters.stack.cli",
 )
 
 

@@ -1,0 +1,150 @@
+"""End to end, for real: the local stack (Prometheus, Alertmanager, sim server, GPU exporter, pager) pages
+when the simulator is driven into a TTFT SLA breach, the page resolves when the load stops, and a healthy
+run pages nothing.
+
+Timing budget (stated bound): scrape and rule evaluation every 1 s, a 10 s latency window with ``for: 5s``
+(a test SLO file; the packaged one uses 1m/1m), Alertmanager group_wait 1 s, Prometheus resend delay 1 s.
+The page must arrive within 45 s of the breach starting and resolve within 60 s of the load stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from exporters.common.net import free_port
+from exporters.common.slo import DEFAULT_SLO_FILE
+from exporters.stack.runner import Stack, StackOptions
+from tests.support.alertmanager import require_alertmanager
+from tests.support.prometheus import require_prometheus
+
+PAGE_BOUND_S = 45
+RESOLVE_BOUND_S = 60
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    require_prometheus()
+    require_alertmanager()
+    slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
+    slo["alerting"].update({"latency_window": "10s", "latency_for": "5s", "min_request_rate": 0.1})
+    slo_file = tmp_path / "slos.yaml"
+    slo_file.write_text(yaml.safe_dump(slo))
+    options = StackOptions(
+        run_dir=tmp_path / "run",
+        serve_port=free_port(),
+        gpu_port=free_port(),
+        pager_port=free_port(),
+        loadgen_port=free_port(),
+        prometheus_port=free_port(),
+        alertmanager_port=free_port(),
+        model_profile="tiny",
+        gpu_profile="h100-sxm",
+        knobs=["max_waiting=1000"],
+        slo_file=slo_file,
+        scrape_interval="1s",
+    )
+    s = Stack(options, say=lambda _: None)
+    s.up()
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def _url(stack: Stack, name: str) -> str:
+    return next(s.url for s in stack._load() if s.name == name)
+
+
+async def _load(url: str, streams: int, seconds: float) -> int:
+    """Closed-loop chat streams of 32 tokens for `seconds`; returns the number of completed requests."""
+    done = 0
+    stop = time.monotonic() + seconds
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi " * 50}], "max_tokens": 32,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+
+    async def user(client: httpx.AsyncClient) -> None:
+        nonlocal done
+        while time.monotonic() < stop:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                async for _ in r.aiter_bytes():
+                    pass
+            done += 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        await asyncio.gather(*(user(client) for _ in range(streams)))
+    return done
+
+
+def _pages(stack: Stack) -> list[dict[str, Any]]:
+    path = stack.run_dir / "pages.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _ttft_alerts(stack: Stack, status: str) -> list[dict[str, Any]]:
+    return [
+        a
+        for n in _pages(stack)
+        for a in n["alerts"]
+        if a["labels"]["alertname"] == "LoadlensTTFTP99High" and a["status"] == status
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ttft_breach_pages_then_resolves_and_healthy_load_pages_nothing(stack: Stack) -> None:
+    serve = _url(stack, "serve")
+    prom = _url(stack, "prometheus")
+    # Wait until Prometheus has discovered Alertmanager, or the first notifications are dropped.
+    deadline = time.monotonic() + 20
+    while not httpx.get(prom + "/api/v1/alertmanagers").json()["data"]["activeAlertmanagers"]:
+        assert time.monotonic() < deadline, "Prometheus never discovered Alertmanager"
+        time.sleep(0.5)
+
+    # 1. Healthy: 4 streams on an idle engine keep TTFT far below 0.2 s. Nothing pages.
+    healthy = asyncio.run(_load(serve, 4, 15))
+    assert healthy > 20
+    time.sleep(3)
+    assert _pages(stack) == []
+
+    # 2. Breach: one sequence at a time (admin API) and 12 streams: requests queue, TTFT climbs past 0.2 s.
+    r = httpx.patch(serve + "/admin/knobs", json={"max_num_seqs": 1})
+    assert r.status_code == 200, r.text
+    started = time.monotonic()
+
+    async def breach_until_paged() -> float:
+        task = asyncio.create_task(_load(serve, 12, PAGE_BOUND_S))
+        while not task.done():
+            if _ttft_alerts(stack, "firing"):
+                paged_after = time.monotonic() - started
+                await task
+                return paged_after
+            await asyncio.sleep(0.5)
+        await task
+        return float("inf")
+
+    paged_after = asyncio.run(breach_until_paged())
+    assert paged_after <= PAGE_BOUND_S, "no TTFT page within the bound"
+    firing = _ttft_alerts(stack, "firing")[0]
+    assert firing["labels"]["severity"] == "critical"
+    assert firing["labels"]["priority_class"] == "interactive"
+    assert firing["labels"]["gen_ai_request_model"] == "tiny"
+    assert firing["annotations"]["runbook_url"].endswith("#loadlensttftp99high")
+    notification = next(n for n in _pages(stack) if any(a in n["alerts"] for a in [firing]))
+    assert notification["receiver"] == "pager" and notification["version"] == "4"
+
+    # 3. Load stops: the latency window empties, the alert resolves and the pager hears it.
+    stopped = time.monotonic()
+    while not _ttft_alerts(stack, "resolved"):
+        assert time.monotonic() - stopped < RESOLVE_BOUND_S, "TTFT page did not resolve after the load stopped"
+        time.sleep(0.5)
