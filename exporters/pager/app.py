@@ -20,10 +20,10 @@ from typing import Any, TextIO
 
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.exposition import choose_encoder
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
+from exporters.common.exposition import render as render_exposition
 from exporters.pager.payload import WebhookPayload
 from exporters.serving.errors import error_response
 
@@ -125,7 +125,7 @@ def create_pager_app(log_path: Path, registry: CollectorRegistry | None = None, 
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(registry), media_type=content_type)
+        body, content_type = render_exposition(registry, request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
 
     return app

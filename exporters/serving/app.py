@@ -22,12 +22,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from exporters import __version__
+from exporters.common.exposition import render as render_exposition
 from exporters.common.slo import SLOConfig, load_slos
 from exporters.serving.adapters import AdapterRegistry, resolve_adapter_path
 from exporters.serving.engine import (
@@ -447,8 +447,8 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(state.registry), media_type=content_type)
+        body, content_type = render_exposition(state.registry, request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
 
     async def _admin(request: Request, action: Callable[[], Awaitable[Response]]) -> Response:
         denied = _check_admin(state, request)

@@ -1,0 +1,38 @@
+"""Prometheus exposition with content negotiation, keeping colon names intact in OpenMetrics.
+
+prometheus_client 0.26 writes OpenMetrics sample names through a label-name escaper, so with its default
+"underscores" escaping ``vllm:num_requests_running`` is exposed as ``vllm_num_requests_running`` while its
+``# TYPE`` line keeps the colon. Prometheus asks for OpenMetrics first, so vLLM-compatible dashboards would
+see nothing. Every loadlens name is a valid legacy name, which the "allow-utf-8" escaping writes verbatim.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def wants_openmetrics(accept: str) -> bool:
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        if fields[0] != "application/openmetrics-text":
+            continue
+        q = next((f[2:] for f in fields[1:] if f.startswith("q=")), "1")
+        try:
+            if float(q) > 0:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """(body, content type) for a scrape with this Accept header: OpenMetrics (with exemplars) or text."""
+    if wants_openmetrics(accept):
+        body: bytes = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)  # type: ignore[no-untyped-call]
+        return body, OPENMETRICS_CONTENT_TYPE
+    return generate_latest(registry), TEXT_CONTENT_TYPE
