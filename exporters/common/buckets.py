@@ -107,3 +107,35 @@ def with_boundaries(base: Iterable[float], extra: Iterable[float]) -> tuple[floa
     if not values or values[0] <= 0:
         raise ValueError(f"bucket boundaries must be positive, got {values[:3]}")
     return tuple(values)
+
+
+SIM_BATCH_SEQS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Sequences in one simulated engine step (powers of two up to vLLM's largest common max_num_seqs)."""
+
+# --- load generator (client side, loadgen/) -------------------------------------------------------------
+
+LOADGEN_TIME_TO_FIRST_TOKEN: tuple[float, ...] = (
+    0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+"""Client TTFT: 10 ms steps up to the guide's 182 ms reference TTFT, then coarser out to long queues.
+SLO thresholds are merged in at start-up (``with_boundaries``) so client goodput queries are exact."""
+
+LOADGEN_INTER_TOKEN_LATENCY: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+"""Client per-token ITL, chunk gaps and TPOT: sub-millisecond (proxies that batch chunks) through 10-50 ms
+decode steps; finer than vLLM's ITL family, whose first boundary (10 ms) is the typical decode step itself."""
+
+LOADGEN_REQUEST_DURATION: tuple[float, ...] = (
+    0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+    90.0, 120.0, 180.0, 300.0, 600.0,
+)  # fmt: skip
+"""Client end-to-end latency: 256 tokens at 10-50 ms each is 2.5-13 s, so the 1-20 s range is dense."""
+
+LOADGEN_DISPATCH_LAG: tuple[float, ...] = (
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Open-loop lateness of a send against its schedule: below 1 ms is healthy; seconds mean the sender pool
+(max_concurrency) was exhausted and latencies include that wait (coordinated-omission correction)."""

@@ -75,6 +75,7 @@ class EngineError(Exception):
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int
+    """Upper bound on output tokens; 0 means "not given": the engine allows what the context leaves (vLLM)."""
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None

@@ -1,0 +1,264 @@
+"""The ``vllm:*`` series exactly as vLLM 0.33 names, labels and buckets them, plus the sim's own
+``loadlens_sim_*`` series. One object per engine, on the registry it is given; every labelled child is bound
+once at start-up and gauges start at 0, so dashboards see every series from the first scrape.
+
+Semantics (vLLM docs/design/metrics.md): TTFT from the request's arrival at the HTTP layer; queue = scheduled
+- queued; prefill = first token - scheduled; decode = last token - first token; inference = last token -
+scheduled; ITL one sample per output step; TPOT = (e2e - TTFT)/(n - 1), 0 when n <= 1. Prompt tokens are
+counted when the request's first token is produced, like vLLM's iteration stats.
+
+Aborts are counted under ``request_success{finished_reason="abort"}`` (real vLLM leaves that at 0,
+vllm-project/vllm#31503) and, as in vLLM, observed in no histogram.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from exporters.common.buckets import (
+    ENGINE_STEP_SECONDS,
+    LORA_SWAP_BLOCKING,
+    SIM_BATCH_SEQS,
+    TIMING_ERROR_SECONDS,
+    VLLM_INTER_TOKEN_LATENCY,
+    VLLM_ITERATION_TOKENS,
+    VLLM_REQUEST_LATENCY,
+    VLLM_REQUEST_NUM_PREEMPTIONS,
+    VLLM_REQUEST_PARAMS_N,
+    VLLM_TIME_TO_FIRST_TOKEN,
+    build_1_2_5_buckets,
+)
+from exporters.serving.engine import FinishReason
+
+WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
+ADMISSION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
+FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
+
+
+class VllmMetrics:
+    """Typed recorder of the sim's engine series. Metric classes are attributes so tests may swap them."""
+
+    _gauge_cls = Gauge
+    _counter_cls = Counter
+    _histogram_cls = Histogram
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        model_name: str,
+        max_model_len: int,
+        cache_info: Mapping[str, str],
+        max_loras: int,
+        engine: str = "0",
+    ) -> None:
+        self.registry = registry
+        self.model_name = model_name
+        base = ("model_name", "engine")
+        values = (model_name, engine)
+        self._engine = engine
+
+        def gauge(name: str, doc: str) -> Gauge:
+            g = self._gauge_cls(name, doc, base, registry=registry, multiprocess_mode="mostrecent").labels(*values)
+            g.set(0)
+            return g
+
+        def counter(name: str, doc: str) -> Counter:
+            return self._counter_cls(name, doc, base, registry=registry).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] | list[float]) -> Histogram:
+            return self._histogram_cls(name, doc, base, registry=registry, buckets=buckets).labels(*values)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in the current model execution batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        by_reason = self._gauge_cls(
+            "vllm:num_requests_waiting_by_reason",
+            "Waiting requests by why they wait: capacity (no room) or deferred (LoRA slots).",
+            (*base, "reason"),
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.waiting_by_reason = {r: by_reason.labels(*values, r) for r in WAITING_REASONS}
+        for child in self.waiting_by_reason.values():
+            child.set(0)
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage as a 0-1 ratio (1 = full).")
+
+        self._cache_info_family = self._gauge_cls(
+            "vllm:cache_config_info",
+            "Cache configuration of the engine (value 1; the configuration is in the labels).",
+            (*cache_info.keys(), "engine"),
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self._cache_info_labels: tuple[str, ...] = ()
+        self.set_cache_info(cache_info)
+
+        self._lora_info = self._gauge_cls(
+            "vllm:lora_requests_info",
+            "Running and waiting LoRA adapters; the value is the wall-clock time of the last update.",
+            ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self._lora_labels: tuple[str, str, str] | None = None
+        self.set_lora_info(max_loras, (), ())
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
+        success = self._counter_cls(
+            "vllm:request_success", "Finished requests by finish reason.", (*base, "finished_reason"), registry=registry
+        )
+        self.success = {r: success.labels(*values, r) for r in FINISHED_REASONS}
+        self.preemptions = counter("vllm:num_preemptions", "Preemptions by the engine (recompute).")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix-cache lookups, in tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
+        rejections = self._counter_cls(
+            "vllm:admission_rejections",
+            "Requests refused at admission because a waiting-queue bound was reached.",
+            ("model_name", "reason"),
+            registry=registry,
+        )
+        self.rejections = {r: rejections.labels(model_name, r) for r in ADMISSION_REASONS}
+
+        req_tokens = build_1_2_5_buckets(max_model_len)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token (arrival to first token).",
+            VLLM_TIME_TO_FIRST_TOKEN,
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Time between consecutive output steps.", VLLM_INTER_TOKEN_LATENCY
+        )
+        self.tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Per request: (e2e - TTFT) / (output tokens - 1).",
+            VLLM_INTER_TOKEN_LATENCY,
+        )
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", VLLM_REQUEST_LATENCY)
+        self.queue = histogram("vllm:request_queue_time_seconds", "Queued to first scheduled.", VLLM_REQUEST_LATENCY)
+        self.inference = histogram(
+            "vllm:request_inference_time_seconds", "First scheduled to last token.", VLLM_REQUEST_LATENCY
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds", "First scheduled to first token.", VLLM_REQUEST_LATENCY
+        )
+        self.decode = histogram("vllm:request_decode_time_seconds", "First token to last token.", VLLM_REQUEST_LATENCY)
+        self.req_prompt = histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", req_tokens)
+        self.req_generation = histogram("vllm:request_generation_tokens", "Output tokens per request.", req_tokens)
+        self.req_max_generation = histogram(
+            "vllm:request_max_num_generation_tokens", "Most output tokens of any sequence of a request.", req_tokens
+        )
+        self.req_max_tokens = histogram("vllm:request_params_max_tokens", "The max_tokens parameter.", req_tokens)
+        self.req_n = histogram("vllm:request_params_n", "The n parameter.", VLLM_REQUEST_PARAMS_N)
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total", "Tokens per engine step (prompt + generation).", VLLM_ITERATION_TOKENS
+        )
+        self.req_preemptions = histogram(
+            "vllm:request_num_preemptions", "Preemptions per finished request.", VLLM_REQUEST_NUM_PREEMPTIONS
+        )
+        self.req_prefill_kv = histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Prompt tokens computed (not served from the prefix cache) per request.",
+            req_tokens,
+        )
+
+        # Sim-internal series: no vllm: prefix, no labels.
+        self.step_duration = self._histogram_cls(
+            "loadlens_sim_step_duration_seconds",
+            "Wall duration of one simulated engine step (modeled duration / speed).",
+            registry=registry,
+            buckets=ENGINE_STEP_SECONDS,
+        )
+        self.timing_error = self._histogram_cls(
+            "loadlens_sim_timing_error_seconds",
+            "Lateness of the simulator's wake-up against each step's deadline.",
+            registry=registry,
+            buckets=TIMING_ERROR_SECONDS,
+        )
+        self.batch_size = self._histogram_cls(
+            "loadlens_sim_batch_size",
+            "Sequences in one simulated engine step.",
+            registry=registry,
+            buckets=SIM_BATCH_SEQS,
+        )
+        self.slips = self._counter_cls(
+            "loadlens_sim_schedule_slips",
+            "Times the simulator fell so far behind its deadlines that it restarted its schedule from now.",
+            registry=registry,
+        )
+        self.adapter_load_seconds = self._histogram_cls(
+            "loadlens_sim_adapter_load_seconds",
+            "Wall time the step loop was blocked by one adapter load.",
+            ("source",),
+            registry=registry,
+            buckets=LORA_SWAP_BLOCKING,
+        )
+        self.adapter_loads = {s: self.adapter_load_seconds.labels(s) for s in ("storage", "host")}
+
+    # --- updates -------------------------------------------------------------------------------------------
+
+    def set_cache_info(self, info: Mapping[str, str]) -> None:
+        labels = (*info.values(), self._engine)
+        if labels == self._cache_info_labels:
+            return
+        if self._cache_info_labels:
+            self._cache_info_family.remove(*self._cache_info_labels)
+        self._cache_info_family.labels(*labels).set(1)
+        self._cache_info_labels = labels
+
+    def set_lora_info(self, max_loras: int, waiting: tuple[str, ...], running: tuple[str, ...]) -> None:
+        """vLLM creates one child per label combination and never removes old ones; the sim keeps only the
+        current one so cardinality stays bounded (queries that take the newest value still work)."""
+        labels = (str(max_loras), ",".join(waiting), ",".join(running))
+        if labels != self._lora_labels:
+            if self._lora_labels is not None:
+                self._lora_info.remove(*self._lora_labels)
+            self._lora_labels = labels
+        self._lora_info.labels(*labels).set(time.time())
+
+    def set_queue(self, running: int, waiting: int, deferred: int, kv_usage: float) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.waiting_by_reason["deferred"].set(deferred)
+        self.waiting_by_reason["capacity"].set(waiting - deferred)
+        self.kv_usage.set(kv_usage)
+
+    def finished(
+        self,
+        reason: FinishReason,
+        *,
+        arrival: float,
+        queued: float,
+        scheduled: float,
+        first_token: float,
+        last_token: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        max_tokens: int,
+        preemptions: int,
+        computed_prompt_tokens: int,
+    ) -> None:
+        """A request that finished normally (stop or length)."""
+        self.success[reason.value].inc()
+        e2e = last_token - arrival
+        ttft = first_token - arrival
+        self.e2e.observe(e2e)
+        self.queue.observe(scheduled - queued)
+        self.prefill.observe(first_token - scheduled)
+        self.decode.observe(last_token - first_token)
+        self.inference.observe(last_token - scheduled)
+        self.req_prompt.observe(prompt_tokens)
+        self.req_generation.observe(output_tokens)
+        self.req_max_generation.observe(output_tokens)
+        self.req_max_tokens.observe(max_tokens)
+        self.req_n.observe(1)
+        self.tpot.observe((e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else 0.0)
+        self.req_preemptions.observe(preemptions)
+        self.req_prefill_kv.observe(computed_prompt_tokens)
+
+    def ended_early(self, reason: FinishReason) -> None:
+        """An aborted or failed request: counted, in no histogram (as vLLM)."""
+        self.success[reason.value].inc()

@@ -1,0 +1,172 @@
+"""The HTTP layer over the real simulated engine: what a client of `loadlens serve --engine sim` sees."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporters.common.device_state import DEVICE_STATE_VERSION, DeviceState
+from exporters.serving.app import ServeSettings, create_app
+from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
+from exporters.serving.tracing import Tracing
+from tests.support.server import serve_app
+
+ADMIN = {"Authorization": "Bearer t"}
+
+
+@dataclass
+class Sim:
+    url: str
+    registry: CollectorRegistry
+    lora_root: Path
+
+    def sample(self, name: str, labels: dict[str, str]) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Sim]:
+    registry = CollectorRegistry()
+    engine = SimEngine(
+        load_model_profile("deepseek-r1-distill-llama-8b"),
+        load_gpu_profile("h100-sxm"),
+        registry=registry,
+        speed=2.0,
+        served_model_name="tiny",  # a short name for the tests; the model is Llama-8B-shaped
+        knobs={"scheduling_policy": "priority", "max_waiting": 4, "max_loras": 1},
+    )
+    root = tmp_path / "adapters"
+    (root / "sql").mkdir(parents=True)
+    (root / "sql" / "adapter_config.json").write_text(
+        json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]})
+    )
+    app = create_app(
+        engine, ServeSettings(admin_token="t", lora_root=root), registry=registry, tracing=Tracing.disabled()
+    )
+    with serve_app(app) as url:
+        yield Sim(url, registry, root)
+
+
+def test_openai_client_against_the_sim(sim: Sim) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x")
+    done = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert done.choices[0].finish_reason == "length"
+    assert done.usage is not None and done.usage.completion_tokens == 8
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == done.choices[0].message.content  # temperature 0: same prompt, same text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+
+
+def test_chat_without_max_tokens_generates_until_a_natural_stop(sim: Sim) -> None:
+    r = httpx.post(
+        sim.url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] in {"stop", "length"}
+
+
+def test_context_overflow_and_fcfs_priority_are_400(sim: Sim) -> None:
+    r = httpx.post(sim.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 10**7})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("This model's maximum context length is")
+    assert r.json()["error"]["param"] == "prompt"
+
+
+def test_disconnect_frees_the_slot_and_kv_blocks(sim: Sim) -> None:
+    host, port = sim.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "tiny", "prompt": "a " * 200, "max_tokens": 1500, "ignore_eos": True, "stream": True})
+    labels = {"model_name": "tiny", "engine": "0"}
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body.encode()
+        )
+        received = b""
+        while received.count(b"data: ") < 3:
+            received += sock.recv(65536)
+        assert sim.sample("vllm:num_requests_running", labels) == 1
+        assert (sim.sample("vllm:kv_cache_usage_perc", labels) or 0) > 0
+    deadline = time.monotonic() + 5
+    while sim.sample("vllm:num_requests_running", labels) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sim.sample("vllm:num_requests_running", labels) == 0
+    assert sim.sample("vllm:kv_cache_usage_perc", labels) == 0
+    assert sim.sample("vllm:request_success_total", {**labels, "finished_reason": "abort"}) == 1
+    assert sim.sample("loadlens_request_aborts_total", {"model_name": "tiny", "reason": "client_disconnect"}) == 1
+
+
+def test_queue_full_is_429(sim: Sim) -> None:
+    assert httpx.patch(sim.url + "/admin/knobs", headers=ADMIN, json={"max_num_seqs": 1}).status_code == 200
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=sim.url, timeout=30) as client:
+        streams = [client.stream("POST", "/v1/completions", json=body) for _ in range(5)]
+        responses = [s.__enter__() for s in streams]  # 1 running + 4 waiting fills max_waiting=4
+        try:
+            assert [r.status_code for r in responses] == [200] * 5
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 429
+            assert int(r.headers["retry-after"]) >= 1
+        finally:
+            for s in streams:
+                s.__exit__(None, None, None)
+    assert sim.sample("vllm:admission_rejections_total", {"model_name": "tiny", "reason": "max_num_queued_reqs"}) == 1
+
+
+def test_lora_adapter_load_serve_and_unload(sim: Sim) -> None:
+    r = httpx.post(sim.url + "/v1/load_lora_adapter", headers=ADMIN, json={"lora_name": "sql", "lora_path": "sql"})
+    assert r.status_code == 200, r.text
+    models = httpx.get(sim.url + "/v1/models").json()["data"]
+    assert [m["id"] for m in models] == ["tiny", "sql"]
+    r = httpx.post(
+        sim.url + "/v1/completions", json={"model": "sql", "prompt": "x", "max_tokens": 4, "ignore_eos": True}
+    )
+    assert r.status_code == 200
+    assert r.json()["model"] == "sql"
+    missing = httpx.post(
+        sim.url + "/v1/load_lora_adapter", headers=ADMIN, json={"lora_name": "nope", "lora_path": "missing-dir"}
+    )
+    assert missing.status_code == 400
+    assert httpx.post(sim.url + "/v1/unload_lora_adapter", headers=ADMIN, json={"lora_name": "sql"}).status_code == 200
+    assert httpx.post(sim.url + "/v1/completions", json={"model": "sql", "prompt": "x"}).status_code == 404
+
+
+def test_device_state_document_validates(sim: Sim) -> None:
+    httpx.post(sim.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 16, "ignore_eos": True})
+    doc = httpx.get(sim.url + "/sim/device-state").json()
+    state = DeviceState.model_validate(doc)
+    assert state.version == DEVICE_STATE_VERSION
+    assert len(state.devices) == 1
+    device = state.devices[0]
+    owners = device.memory_by_owner
+    assert sum(owners.model_dump().values()) == device.memory_used_bytes
+    assert device.util_samples, "a request ran: there must be utilisation samples"
+    newest = device.util_samples[-1].timestamp_us
+    later = DeviceState.model_validate(httpx.get(sim.url + f"/sim/device-state?since_us={newest}").json())
+    assert all(s.timestamp_us > newest for s in later.devices[0].util_samples)

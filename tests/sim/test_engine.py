@@ -1,0 +1,764 @@
+"""SimEngine end to end (asyncio, compressed time).
+
+Exact timing assertions are possible because the engine's marks are modeled instants (previous deadline +
+modeled duration / speed), not wake-up times: they differ from the roofline figures by float rounding only,
+so the tolerance is 1e-9 relative. Scenarios that must batch deterministically submit every request in one
+event-loop tick behind a batching window, so the first step sees them all however busy the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from exporters.common.device_state import DeviceState
+from exporters.serving.engine import EngineError, ErrorKind, FinishReason, LoRARequest
+from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile, roofline
+from exporters.serving.engines.sim.roofline import BatchShape, attn_pairs, decode_shape, prefill_shape, step_cost
+from tests.sim.helpers import (
+    collect,
+    engine_labels,
+    make_engine,
+    prompt_of,
+    request,
+    run,
+    sample,
+    until,
+    write_adapter,
+)
+
+WINDOW_US = 1e6  # 1 s modeled: with speed <= 50 that is >= 20 ms of wall time to submit a script in
+
+
+def test_single_request_ttft_and_itl_equal_the_roofline() -> None:
+    model, gpu = load_model_profile("deepseek-r1-distill-llama-8b"), load_gpu_profile("h100-sxm")
+    speed = 20.0
+    prompt_tokens = 300
+
+    async def body() -> None:
+        engine, reg = make_engine("deepseek-r1-distill-llama-8b", "h100-sxm", speed=speed)
+        await engine.start()
+        req = request("r1", prompt_of(prompt_tokens), model="deepseek-r1-distill-llama-8b", max_tokens=3)
+        stream = await engine.generate(req)
+        events = await collect(stream)
+        await engine.stop()
+
+        prefill = step_cost(model, gpu, prefill_shape(prompt_tokens)).total_seconds / speed
+        decode1 = step_cost(model, gpu, decode_shape(1, prompt_tokens)).total_seconds / speed
+        decode2 = step_cost(model, gpu, decode_shape(1, prompt_tokens + 1)).total_seconds / speed
+        t = stream.timing
+        assert t.queued is not None and t.scheduled is not None and t.first_token is not None
+        assert t.scheduled == t.queued  # idle engine, no batching window: scheduled on arrival
+        assert t.first_token - t.scheduled == pytest.approx(prefill, rel=1e-9)
+        assert t.finished == pytest.approx(t.first_token + decode1 + decode2, rel=1e-9)
+        labels = engine_labels("deepseek-r1-distill-llama-8b")
+        assert sample(reg, "vllm:time_to_first_token_seconds_sum", **labels) == pytest.approx(
+            t.first_token - req.arrival_time, rel=1e-9
+        )
+        assert sample(reg, "vllm:inter_token_latency_seconds_count", **labels) == 2
+        assert sample(reg, "vllm:inter_token_latency_seconds_sum", **labels) == pytest.approx(
+            decode1 + decode2, rel=1e-9
+        )
+        assert sample(reg, "vllm:request_prefill_time_seconds_sum", **labels) == pytest.approx(prefill, rel=1e-9)
+        assert [e.output_tokens for e in events] == [1, 2, 3]
+        assert events[-1].finish_reason is FinishReason.LENGTH
+        assert all(e.prompt_tokens == prompt_tokens for e in events)
+
+    run(body())
+
+
+def test_scripted_scenario_exact_metrics() -> None:
+    """Two requests batched by the window: one prefill step, two decode steps; every series checked."""
+    model, gpu = load_model_profile("tiny"), load_gpu_profile("h100-sxm")
+    speed = 50.0
+
+    async def body() -> None:
+        engine, reg = make_engine(speed=speed, batching_window_us=WINDOW_US)
+        await engine.start()
+        reqs = [request("a", prompt_of(40, 1), max_tokens=3), request("b", prompt_of(24, 2), max_tokens=3)]
+        streams = [await engine.generate(r) for r in reqs]
+        outs = await asyncio.gather(*(collect(s) for s in streams))
+        await engine.stop()
+
+        window = WINDOW_US * 1e-6 / speed
+        step1 = step_cost(
+            model,
+            gpu,
+            BatchShape(
+                num_tokens=64,
+                num_seqs=2,
+                num_sampled=2,
+                attn_pairs=attn_pairs(40, 0) + attn_pairs(24, 0),
+                kv_read_tokens=0,
+            ),  # fmt: skip
+        ).total_seconds
+        step2 = step_cost(
+            model, gpu, BatchShape(num_tokens=2, num_seqs=2, num_sampled=2, attn_pairs=41 + 25, kv_read_tokens=64)
+        ).total_seconds
+        step3 = step_cost(
+            model, gpu, BatchShape(num_tokens=2, num_seqs=2, num_sampled=2, attn_pairs=42 + 26, kv_read_tokens=66)
+        ).total_seconds
+        lab = engine_labels()
+        t0 = streams[0].timing.queued
+        assert t0 is not None
+        for s in streams:
+            assert s.timing.scheduled == pytest.approx(t0 + window, rel=1e-12)
+            assert s.timing.first_token == pytest.approx(t0 + window + step1 / speed, rel=1e-12)
+            assert s.timing.finished == pytest.approx(t0 + window + (step1 + step2 + step3) / speed, rel=1e-12)
+        assert [e.output_tokens for e in outs[0]] == [1, 2, 3]
+        assert sample(reg, "vllm:prompt_tokens_total", **lab) == 64
+        assert sample(reg, "vllm:generation_tokens_total", **lab) == 6
+        assert sample(reg, "vllm:request_success_total", **lab, finished_reason="length") == 2
+        assert sample(reg, "vllm:request_success_total", **lab, finished_reason="stop") == 0
+        assert sample(reg, "vllm:iteration_tokens_total_count", **lab) == 3
+        assert sample(reg, "vllm:iteration_tokens_total_sum", **lab) == 64 + 6
+        assert sample(reg, "vllm:iteration_tokens_total_bucket", **lab, le="64.0") == 2
+        assert sample(reg, "vllm:iteration_tokens_total_bucket", **lab, le="128.0") == 3
+        assert sample(reg, "vllm:request_prompt_tokens_sum", **lab) == 64
+        assert sample(reg, "vllm:request_prompt_tokens_bucket", **lab, le="20.0") == 0
+        assert sample(reg, "vllm:request_prompt_tokens_bucket", **lab, le="50.0") == 2
+        assert sample(reg, "vllm:request_generation_tokens_sum", **lab) == 6
+        assert sample(reg, "vllm:request_params_max_tokens_sum", **lab) == 6
+        assert sample(reg, "vllm:request_params_n_sum", **lab) == 2
+        assert sample(reg, "vllm:request_num_preemptions_sum", **lab) == 0
+        assert sample(reg, "vllm:request_num_preemptions_count", **lab) == 2
+        assert sample(reg, "vllm:request_prefill_kv_computed_tokens_sum", **lab) == 64
+        assert sample(reg, "vllm:prefix_cache_queries_total", **lab) == 64
+        assert sample(reg, "vllm:prefix_cache_hits_total", **lab) == 0
+        assert sample(reg, "vllm:request_queue_time_seconds_sum", **lab) == pytest.approx(
+            sum(s.timing.scheduled - s.timing.queued for s in streams if s.timing.scheduled and s.timing.queued)
+        )
+        decode = (step2 + step3) / speed
+        assert sample(reg, "vllm:request_decode_time_seconds_sum", **lab) == pytest.approx(2 * decode, rel=1e-9)
+        assert sample(reg, "vllm:request_inference_time_seconds_sum", **lab) == pytest.approx(
+            2 * (step1 / speed + decode), rel=1e-9
+        )
+        # TPOT = (e2e - ttft) / (n - 1) = decode / 2 for each request.
+        assert sample(reg, "vllm:request_time_per_output_token_seconds_sum", **lab) == pytest.approx(decode, rel=1e-9)
+        assert sample(reg, "vllm:inter_token_latency_seconds_count", **lab) == 4
+        assert sample(reg, "loadlens_sim_step_duration_seconds_count") == 3
+        assert sample(reg, "loadlens_sim_step_duration_seconds_sum") == pytest.approx(
+            (step1 + step2 + step3) / speed, rel=1e-9
+        )
+        assert sample(reg, "loadlens_sim_batch_size_sum") == 6
+        assert sample(reg, "loadlens_sim_timing_error_seconds_count") == 3
+        assert sample(reg, "vllm:num_requests_running", **lab) == 0
+        assert sample(reg, "vllm:kv_cache_usage_perc", **lab) == 0
+
+    run(body())
+
+
+def test_seeded_children_exist_at_zero_before_any_request() -> None:
+    engine, reg = make_engine()
+    lab = engine_labels()
+    for reason in ("stop", "length", "abort", "error", "repetition"):
+        assert sample(reg, "vllm:request_success_total", **lab, finished_reason=reason) == 0
+    for reason in ("capacity", "deferred"):
+        assert sample(reg, "vllm:num_requests_waiting_by_reason", **lab, reason=reason) == 0
+    for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+        assert sample(reg, "vllm:admission_rejections_total", model_name="tiny", reason=reason) == 0
+    assert sample(reg, "vllm:num_requests_running", **lab) == 0
+    assert sample(reg, "vllm:time_to_first_token_seconds_count", **lab) == 0
+    info = {
+        "block_size": "16",
+        "cache_dtype": "auto",
+        "calculate_kv_scales": "False",
+        "cpu_offload_gb": "0",
+        "enable_prefix_caching": "True",
+        "gpu_memory_utilization": "0.92",
+        "is_attention_free": "False",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(engine.knobs()["num_gpu_blocks"]),
+        "num_gpu_blocks_override": "None",
+        "prefix_caching_hash_algo": "sha256",
+        "sliding_window": "None",
+        "swap_space": "4",
+        "engine": "0",
+    }
+    assert sample(reg, "vllm:cache_config_info", **info) == 1
+    assert reg.get_sample_value("vllm:lora_requests_info", {"max_lora": "1", "waiting_lora_adapters": "",
+                                                            "running_lora_adapters": ""}) is not None  # fmt: skip
+
+
+def test_kv_exhaustion_preempts_and_every_request_still_completes() -> None:
+    async def body() -> None:
+        # 128 blocks = one 2048-token sequence; six requests of 300 + 500 tokens need 50 blocks each.
+        engine, reg = make_engine(speed=50.0, num_gpu_blocks=128, batching_window_us=WINDOW_US)
+        await engine.start()
+        streams = [await engine.generate(request(f"r{i}", prompt_of(300, i), max_tokens=500)) for i in range(6)]
+        outs = await asyncio.gather(*(collect(s) for s in streams))
+        lab = engine_labels()
+        preemptions = sample(reg, "vllm:num_preemptions_total", **lab)
+        assert preemptions > 0
+        assert sum(s.timing.preemptions for s in streams) == preemptions
+        assert sample(reg, "vllm:request_num_preemptions_sum", **lab) == preemptions
+        assert all(o[-1].finish_reason is FinishReason.LENGTH and o[-1].output_tokens == 500 for o in outs)
+        assert all(sum(e.new_tokens for e in o) == 500 for o in outs)
+        assert sample(reg, "vllm:request_success_total", **lab, finished_reason="length") == 6
+        assert sample(reg, "vllm:kv_cache_usage_perc", **lab) == 0
+        # Recompute after preemption is not double counted as prompt tokens.
+        assert sample(reg, "vllm:prompt_tokens_total", **lab) == 6 * 300
+        await engine.stop()
+
+    run(body())
+
+
+def test_priority_requests_overtake_under_the_priority_policy() -> None:
+    async def body(policy: str, priorities: list[int]) -> list[str]:
+        engine, _ = make_engine(speed=50.0, scheduling_policy=policy, max_num_seqs=1, batching_window_us=WINDOW_US)
+        await engine.start()
+        streams = [
+            await engine.generate(request(f"r{i}", prompt_of(10, i), max_tokens=2, priority=p))
+            for i, p in enumerate(priorities)
+        ]
+        await asyncio.gather(*(collect(s) for s in streams))
+        await engine.stop()
+        return [s.request_id for s in sorted(streams, key=lambda s: s.timing.first_token or math.inf)]
+
+    assert run(body("priority", [5, 0, -1, 0])) == ["r2", "r1", "r3", "r0"]
+    assert run(body("fcfs", [0, 0, 0, 0])) == ["r0", "r1", "r2", "r3"]
+
+
+def test_nonzero_priority_is_rejected_under_fcfs() -> None:
+    async def body() -> None:
+        engine, _ = make_engine()
+        await engine.start()
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("p", priority=3))
+        assert err.value.kind is ErrorKind.INVALID_REQUEST
+        assert err.value.param == "priority"
+        assert err.value.message == "Got priority 3 but Priority scheduling is not enabled."
+        await engine.stop()
+
+    run(body())
+
+
+def test_wider_batching_window_raises_batch_size_and_ttft_at_low_load() -> None:
+    async def body(window_us: float) -> tuple[float, float]:
+        engine, reg = make_engine(speed=1.0, batching_window_us=window_us)
+        await engine.start()
+        streams = []
+        for i in range(8):  # trickle: one request every 2 ms, each one step long (~0.7 ms)
+            streams.append(await engine.generate(request(f"r{i}", prompt_of(20, i), max_tokens=1)))
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*(collect(s) for s in streams))
+        await engine.stop()
+        batch = sample(reg, "loadlens_sim_batch_size_sum") / sample(reg, "loadlens_sim_batch_size_count")
+        ttft = statistics.mean((s.timing.first_token or 0) - (s.timing.queued or 0) for s in streams)
+        return batch, ttft
+
+    narrow_batch, narrow_ttft = run(body(0.0))
+    wide_batch, wide_ttft = run(body(50_000.0))  # 50 ms: covers most of the 16 ms trickle
+    assert wide_batch >= 2.0 * narrow_batch
+    assert wide_ttft > narrow_ttft + 0.005
+
+
+def test_queue_full_is_refused_with_retry_after_and_counted() -> None:
+    async def body() -> None:
+        engine, reg = make_engine(max_waiting=2)
+        await engine.start()
+        # No await yields to the loop between these calls, so all three see the same waiting queue.
+        s1 = await engine.generate(request("a"))
+        s2 = await engine.generate(request("b"))
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("c"))
+        assert err.value.kind is ErrorKind.QUEUE_FULL
+        assert err.value.retry_after_seconds == 1.0
+        assert "waiting queue is full (2 requests)" in err.value.message
+        assert sample(reg, "vllm:admission_rejections_total", model_name="tiny", reason="max_num_queued_reqs") == 1
+        await asyncio.gather(collect(s1), collect(s2))
+        await engine.stop()
+
+    run(body())
+
+
+def test_waiting_tokens_bound_is_refused_too() -> None:
+    async def body() -> None:
+        engine, reg = make_engine(max_waiting_tokens=100)
+        await engine.start()
+        s1 = await engine.generate(request("a", prompt_of(60)))
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("b", prompt_of(50, 1)))
+        assert err.value.kind is ErrorKind.QUEUE_FULL
+        assert sample(reg, "vllm:admission_rejections_total", model_name="tiny", reason="max_num_queued_tokens") == 1
+        await collect(s1)
+        await engine.stop()
+
+    run(body())
+
+
+def test_aclose_aborts_and_frees_slot_and_blocks() -> None:
+    async def body() -> None:
+        engine, reg = make_engine(speed=10.0)
+        await engine.start()
+        lab = engine_labels()
+        stream = await engine.generate(request("long", prompt_of(100), max_tokens=1000))
+        it = aiter(stream)
+        await anext(it)
+        await anext(it)
+        assert sample(reg, "vllm:num_requests_running", **lab) == 1
+        assert sample(reg, "vllm:kv_cache_usage_perc", **lab) > 0
+        await stream.aclose()
+        await until(lambda: reg.get_sample_value("vllm:num_requests_running", lab) == 0)
+        assert sample(reg, "vllm:kv_cache_usage_perc", **lab) == 0
+        assert sample(reg, "vllm:num_requests_waiting", **lab) == 0
+        assert sample(reg, "vllm:request_success_total", **lab, finished_reason="abort") == 1
+        assert sample(reg, "vllm:e2e_request_latency_seconds_count", **lab) == 0  # aborts: no histogram, as vLLM
+        assert stream.timing.finished is not None
+        with pytest.raises(StopAsyncIteration):
+            await anext(it)
+        await stream.aclose()  # idempotent
+        assert sample(reg, "vllm:request_success_total", **lab, finished_reason="abort") == 1
+        await engine.stop()
+
+    run(body())
+
+
+def test_abort_by_id_ends_the_stream_with_an_abort_event() -> None:
+    async def body() -> None:
+        engine, reg = make_engine(speed=10.0)
+        await engine.start()
+        stream = await engine.generate(request("x", max_tokens=1000))
+        first = await anext(aiter(stream))
+        await engine.abort("x")
+        rest = await collect(stream)
+        assert first.output_tokens == 1
+        assert rest[-1].finish_reason is FinishReason.ABORT
+        await engine.abort("x")  # unknown now: no-op
+        assert sample(reg, "vllm:request_success_total", **engine_labels(), finished_reason="abort") == 1
+        await engine.stop()
+
+    run(body())
+
+
+def test_context_overflow_uses_vllms_wording() -> None:
+    async def body() -> None:
+        engine, _ = make_engine()
+        await engine.start()
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("big", prompt_of(100), max_tokens=2000))
+        assert err.value.kind is ErrorKind.INVALID_REQUEST
+        assert err.value.param == "messages"
+        assert err.value.message == (
+            "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens "
+            "(100 in the messages, 2000 in the completion). Please reduce the length of the messages or completion."
+        )
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("big2", prompt_of(100), max_tokens=1949, endpoint="completions", images=1))
+        assert err.value.param == "prompt"
+        assert "(116 in the messages, 1949 in the completion)" in err.value.message  # 16 tokens per image
+        await engine.stop()
+
+    run(body())
+
+
+def test_unknown_model_and_stopped_engine_are_refused() -> None:
+    async def body() -> None:
+        engine, _ = make_engine()
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("early"))
+        assert err.value.kind is ErrorKind.UNAVAILABLE
+        await engine.start()
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("x", model="gpt-9"))
+        assert err.value.kind is ErrorKind.NOT_FOUND
+        assert err.value.message == "The model `gpt-9` does not exist."
+        assert err.value.param == "model"
+        assert (await engine.health()).ok
+        await engine.stop()
+        assert not (await engine.health()).ok
+
+    run(body())
+
+
+def test_natural_length_stop_strings_and_determinism() -> None:
+    async def body(seed: int) -> list[tuple[str, int, FinishReason | None]]:
+        engine, _ = make_engine(seed=seed, speed=200.0)
+        await engine.start()
+        out = []
+        for i, kw in enumerate([{"ignore_eos": False, "max_tokens": 1000}, {"temperature": 0.0}, {"seed": 7}]):
+            stream = await engine.generate(request(f"r{i}", "same prompt", **kw))  # type: ignore[arg-type]
+            events = await collect(stream)
+            out.append(("".join(e.text for e in events), events[-1].output_tokens, events[-1].finish_reason))
+        await engine.stop()
+        return out
+
+    a, b, c = run(body(1)), run(body(1)), run(body(2))
+    assert a == b
+    assert a != c
+    natural = a[0]
+    assert natural[2] is FinishReason.STOP and 1 <= natural[1] < 1000
+    assert len(natural[0].split(" ")) == natural[1]  # one pseudo-word per token
+
+
+def test_temperature_zero_and_request_seed_make_text_depend_only_on_input() -> None:
+    async def body() -> list[str]:
+        engine, _ = make_engine(speed=200.0)
+        await engine.start()
+        texts = []
+        for rid, kw in [("a", {"temperature": 0.0}), ("b", {}), ("c", {"temperature": 0.0}), ("d", {"seed": 3}),
+                        ("e", {"seed": 3})]:  # fmt: skip
+            events = await collect(await engine.generate(request(rid, "a prompt", max_tokens=12, **kw)))  # type: ignore[arg-type]
+            texts.append("".join(e.text for e in events))
+        await engine.stop()
+        return texts
+
+    greedy1, sampled, greedy2, seeded1, seeded2 = run(body())
+    assert greedy1 == greedy2
+    assert seeded1 == seeded2
+    assert sampled != greedy1
+
+
+def test_stop_string_truncates_text_and_sets_stop_reason() -> None:
+    async def body() -> None:
+        engine, _ = make_engine(speed=200.0)
+        await engine.start()
+        full = "".join(e.text for e in await collect(await engine.generate(request("f", "p", max_tokens=40, seed=1))))
+        words = full.split(" ")
+        stop = f"{words[5]} {words[6]}"  # spans two tokens
+        events = await collect(await engine.generate(request("s", "p", max_tokens=40, seed=1, stop=[stop, "zzzzz"])))
+        text = "".join(e.text for e in events)
+        assert text == full[: full.index(stop)]
+        assert events[-1].finish_reason is FinishReason.STOP
+        assert events[-1].stop_reason == stop
+        pieces = [words[0]] + [" " + w for w in words[1:]]
+        end = full.index(stop) + len(stop)
+        needed = next(k for k in range(1, len(pieces) + 1) if len("".join(pieces[:k])) >= end)
+        assert events[-1].output_tokens == needed  # the token that completed the stop string counts
+        assert stop not in "".join(e.text for e in events[:-1])
+        await engine.stop()
+
+    run(body())
+
+
+def test_adapter_load_blocks_the_step_loop_and_is_charged_to_live_requests(tmp_path: Path) -> None:
+    model, gpu = load_model_profile("deepseek-r1-distill-llama-8b"), load_gpu_profile("a100-80gb-sxm")
+    speed = 50.0
+
+    async def body() -> None:
+        engine, reg = make_engine("deepseek-r1-distill-llama-8b", "a100-80gb-sxm", speed=speed)
+        await engine.start()
+        base = await engine.generate(request("base", prompt_of(50), model="deepseek-r1-distill-llama-8b",
+                                             max_tokens=2000))  # fmt: skip
+        it = aiter(base)
+        await anext(it)
+        lora = LoRARequest("sql", 1, str(write_adapter(tmp_path, "sql", r=8)))
+        await engine.load_adapter(lora)
+        assert [c.id for c in await engine.models()] == ["deepseek-r1-distill-llama-8b", "sql"]
+        tuned = await engine.generate(request("tuned", prompt_of(20, 1), lora=lora, max_tokens=2))
+        events = await collect(tuned)
+        await base.aclose()
+        await engine.stop()
+
+        nbytes = roofline.adapter_params(model, 8, ["q_proj", "v_proj"]) * 2
+        read = roofline.adapter_read_seconds(gpu, nbytes) / speed
+        activate = roofline.adapter_activate_seconds(gpu, nbytes, from_disk=False) / speed
+        assert nbytes == 32 * 8 * (4096 + 4096 + 4096 + 1024) * 2
+        assert base.timing.lora_blocked_seconds == pytest.approx(read + activate, rel=1e-9)
+        assert tuned.timing.lora_blocked_seconds == pytest.approx(activate, rel=1e-9)
+        assert tuned.timing.first_token is not None and tuned.timing.scheduled is not None
+        assert tuned.timing.first_token - tuned.timing.scheduled > activate  # the stall is inside its first step
+        assert sample(reg, "loadlens_sim_adapter_load_seconds_sum", source="storage") == pytest.approx(read)
+        assert sample(reg, "loadlens_sim_adapter_load_seconds_sum", source="host") == pytest.approx(activate)
+        assert events[-1].output_tokens == 2
+
+    run(body())
+
+
+def test_adapter_errors(tmp_path: Path) -> None:
+    async def body() -> None:
+        engine, _ = make_engine()
+        await engine.start()
+        good = LoRARequest("a", 1, str(write_adapter(tmp_path, "a", r=8)))
+        await engine.load_adapter(good)
+        cases = [
+            (LoRARequest("a", 2, good.lora_path), ErrorKind.INVALID_REQUEST, "has already been loaded"),
+            (LoRARequest("b", 3, str(tmp_path / "missing")), ErrorKind.INVALID_REQUEST, "No adapter found for"),
+            (LoRARequest("c", 4, str(write_adapter(tmp_path, "c", r=64))), ErrorKind.INVALID_REQUEST,
+             "LoRA rank 64 is greater than max_lora_rank 16."),
+            (LoRARequest("d", 5, str(write_adapter(tmp_path, "d", modules=["lm_head"]))), ErrorKind.INVALID_REQUEST,
+             "target module 'lm_head' is not a linear layer"),
+            (LoRARequest("e", 6, str(write_adapter(tmp_path, "e", r=0))), ErrorKind.INVALID_REQUEST,
+             "field 'r' must be a positive integer"),
+        ]  # fmt: skip
+        for lora, kind, text in cases:
+            with pytest.raises(EngineError) as err:
+                await engine.load_adapter(lora)
+            assert err.value.kind is kind
+            assert text in err.value.message
+        (tmp_path / "f").mkdir()
+        (tmp_path / "f" / "adapter_config.json").write_text("{not json", encoding="utf-8")
+        with pytest.raises(EngineError, match="invalid adapter_config.json"):
+            await engine.load_adapter(LoRARequest("f", 7, str(tmp_path / "f")))
+        await engine.load_adapter(LoRARequest("g", 8, str(write_adapter(tmp_path, "g", modules="all-linear"))))
+        await engine.load_adapter(LoRARequest("h", 9, str(write_adapter(tmp_path, "h", modules=r".*\.(q|v)_proj"))))
+        with pytest.raises(EngineError) as err:
+            await engine.unload_adapter("nope")
+        assert err.value.kind is ErrorKind.NOT_FOUND
+        assert err.value.message == "The lora adapter 'nope' cannot be found."
+        await engine.unload_adapter("a")
+        assert [c.id for c in await engine.models()] == ["tiny", "g", "h"]
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("x", lora=good))
+        assert err.value.kind is ErrorKind.NOT_FOUND
+        await engine.stop()
+
+    run(body())
+
+
+def test_three_adapters_in_rotation_swing_utilisation_more_than_one(tmp_path: Path) -> None:
+    async def body(adapters: int) -> tuple[float, int]:
+        engine, reg = make_engine("deepseek-r1-distill-llama-8b", "a100-80gb-sxm", speed=2.0)
+        await engine.start()
+        loras = [LoRARequest(f"t{i}", i + 1, str(write_adapter(tmp_path, f"t{i}"))) for i in range(adapters)]
+        for lora in loras:
+            await engine.load_adapter(lora)
+        since = int(time.time() * 1e6)
+        stop_at = time.monotonic() + 0.6
+
+        async def client(k: int) -> None:
+            i = k
+            while time.monotonic() < stop_at:
+                lora = loras[i % len(loras)]
+                await collect(await engine.generate(request(f"c{k}-{i}", prompt_of(30, k), lora=lora, max_tokens=6)))
+                i += 1
+
+        await asyncio.gather(*(client(k) for k in range(6)))
+        doc = engine.device_state(since)
+        await engine.stop()
+        util = [s["gpu_percent"] for s in doc["devices"][0]["util_samples"]][5:-5]
+        util.sort()
+        swing = util[int(0.95 * (len(util) - 1))] - util[int(0.05 * (len(util) - 1))]
+        loads = int(sample(reg, "loadlens_sim_adapter_load_seconds_count", source="host"))
+        loads += int(sample(reg, "loadlens_sim_adapter_load_seconds_count", source="storage"))
+        return swing, loads
+
+    one_swing, one_loads = run(body(1))
+    three_swing, three_loads = run(body(3))
+    assert three_loads > one_loads + 5  # max_loras = 1: every change of adapter is a swap
+    assert three_swing > one_swing + 20.0
+
+
+def test_device_state_document_validates_and_filters_by_since() -> None:
+    async def body() -> None:
+        engine, _ = make_engine(speed=5.0)
+        await engine.start()
+        await collect(await engine.generate(request("r", prompt_of(200), max_tokens=40)))
+        await asyncio.sleep(0.03)
+        doc = engine.device_state()
+        state = DeviceState.model_validate(doc)
+        dev = state.devices[0]
+        assert dev.name == "NVIDIA H100 80GB HBM3"
+        owners = dev.memory_by_owner
+        assert dev.memory_used_bytes == sum(owners.model_dump().values())
+        assert owners.kv_cache == engine.knobs()["num_gpu_blocks"] * roofline.kv_block_bytes(engine.model)
+        assert owners.weights == roofline.weight_bytes(engine.model)
+        stamps = [s.timestamp_us for s in dev.util_samples]
+        assert stamps == sorted(stamps) and len(stamps) >= 3
+        assert any(s.gpu_percent > 0 for s in dev.util_samples)
+        later = engine.device_state(stamps[-2])
+        assert [s["timestamp_us"] for s in later["devices"][0]["util_samples"]][:1] == [stamps[-1]]
+        assert dev.processes[0].used_bytes == dev.memory_used_bytes
+        await engine.stop()
+
+    run(body())
+
+
+def test_set_knobs_is_atomic_and_validated() -> None:
+    async def body() -> None:
+        engine, reg = make_engine()
+        await engine.start()
+        before = engine.knobs()
+        with pytest.raises(EngineError) as err:
+            await engine.set_knobs({"max_num_seqs": 8, "scheduling_policy": "lottery"})
+        assert err.value.param == "scheduling_policy"
+        assert engine.knobs() == before
+        with pytest.raises(EngineError) as err:
+            await engine.set_knobs({"max_model_len": 1024})
+        assert err.value.param == "max_model_len"
+        with pytest.raises(EngineError) as err:
+            await engine.set_knobs({"num_gpu_blocks": 64})  # below one 2048-token sequence
+        assert err.value.param == "num_gpu_blocks"
+        assert "larger than the maximum number of tokens that can be stored in KV cache (1024)" in err.value.message
+        after = await engine.set_knobs({"max_num_seqs": 8, "num_gpu_blocks": 500, "scheduling_policy": "priority"})
+        assert after["max_num_seqs"] == 8 and after["num_gpu_blocks"] == 500
+        assert sample(reg, "vllm:cache_config_info", **_cache_labels(engine)) == 1
+        reverted = await engine.set_knobs({"gpu_memory_utilization": 0.5})
+        assert reverted["num_gpu_blocks"] == roofline.num_gpu_blocks(engine.model, engine.gpu, 0.5, 8192, 8)
+        await engine.set_knobs({"max_model_len": 2048})  # unchanged value is fine
+        await engine.stop()
+
+    run(body())
+
+
+def _cache_labels(engine: SimEngine) -> dict[str, str]:
+    k = engine.knobs()
+    return {
+        "block_size": "16",
+        "cache_dtype": "auto",
+        "calculate_kv_scales": "False",
+        "cpu_offload_gb": "0",
+        "enable_prefix_caching": str(k["enable_prefix_caching"]),
+        "gpu_memory_utilization": str(k["gpu_memory_utilization"]),
+        "is_attention_free": "False",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(k["num_gpu_blocks"]),
+        "num_gpu_blocks_override": str(k["num_gpu_blocks"]),
+        "prefix_caching_hash_algo": "sha256",
+        "sliding_window": "None",
+        "swap_space": "4",
+        "engine": "0",
+    }
+
+
+def test_shrinking_the_kv_cache_preempts_and_requests_still_finish() -> None:
+    async def body() -> None:
+        engine, reg = make_engine(speed=20.0, num_gpu_blocks=600, batching_window_us=WINDOW_US)
+        await engine.start()
+        streams = [await engine.generate(request(f"r{i}", prompt_of(400, i), max_tokens=300)) for i in range(4)]
+        await until(lambda: all(s.timing.first_token for s in streams))
+        await engine.set_knobs({"num_gpu_blocks": 128})
+        outs = await asyncio.gather(*(collect(s) for s in streams))
+        assert sample(reg, "vllm:num_preemptions_total", **engine_labels()) >= 2
+        assert all(o[-1].output_tokens == 300 for o in outs)
+        await engine.stop()
+
+    run(body())
+
+
+def test_prefix_cache_hits_are_counted_in_tokens() -> None:
+    async def body() -> None:
+        engine, reg = make_engine(speed=200.0)
+        await engine.start()
+        shared = prompt_of(100, 5)
+        await collect(await engine.generate(request("a", shared, max_tokens=2)))
+        second = await collect(await engine.generate(request("b", shared, max_tokens=2)))
+        lab = engine_labels()
+        assert sample(reg, "vllm:prefix_cache_queries_total", **lab) == 200
+        assert sample(reg, "vllm:prefix_cache_hits_total", **lab) == 96  # six full blocks; 99 is the cap
+        assert second[0].cached_tokens == 96
+        assert sample(reg, "vllm:request_prefill_kv_computed_tokens_sum", **lab) == 100 + 4
+        await engine.stop()
+
+    run(body())
+
+
+def test_profiles_that_do_not_fit_and_bad_constructor_arguments() -> None:
+    registry_kw = {"registry": __import__("prometheus_client").CollectorRegistry()}
+    with pytest.raises(ProfileError, match="field 'dtype'"):
+        SimEngine(load_model_profile("qwen2-72b"), load_gpu_profile("a100-40gb-pcie"), **registry_kw)
+    with pytest.raises(EngineError) as err:
+        make_engine(max_num_seqs=0)
+    assert err.value.param == "max_num_seqs"
+    with pytest.raises(EngineError) as err:
+        make_engine(max_model_len=4096)
+    assert err.value.param == "max_model_len"
+    with pytest.raises(ValueError, match="speed"):
+        make_engine(speed=0.0)
+
+
+def test_a_crashed_loop_fails_requests_and_reports_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body() -> None:
+        engine, reg = make_engine()
+        await engine.start()
+
+        def boom(cutoff: float) -> None:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(engine._sched, "schedule", boom)
+        events = await collect(await engine.generate(request("x")))
+        assert events[-1].finish_reason is FinishReason.ERROR
+        health = await engine.health()
+        assert not health.ok and "boom" in health.detail
+        with pytest.raises(EngineError) as err:
+            await engine.generate(request("y"))
+        assert err.value.kind is ErrorKind.INTERNAL
+        assert sample(reg, "vllm:request_success_total", **engine_labels(), finished_reason="error") == 1
+        await engine.stop()
+
+    run(body())
+
+
+def test_an_adapter_that_does_not_fit_fails_its_requests_with_error(tmp_path: Path) -> None:
+    async def body() -> None:
+        # gpu_memory_utilization 1.0 leaves the driver's reservation overcommitted: any new allocation fails.
+        engine, reg = make_engine(gpu_memory_utilization=1.0, speed=100.0)
+        await engine.start()
+        lora = LoRARequest("big", 1, str(write_adapter(tmp_path, "big")))
+        await engine.load_adapter(lora)
+        events = await collect(await engine.generate(request("x", lora=lora)))
+        assert events[-1].finish_reason is FinishReason.ERROR
+        base = await collect(await engine.generate(request("y")))
+        assert base[-1].finish_reason is FinishReason.LENGTH
+        allocator = engine.device_state()["devices"][0]["allocator"]
+        assert (allocator["alloc_retries"], allocator["ooms"]) == (1, 1)
+        assert sample(reg, "vllm:request_success_total", **engine_labels(), finished_reason="error") == 1
+        await engine.stop()
+
+    run(body())
+
+
+def test_runtime_knob_changes_take_effect(tmp_path: Path) -> None:
+    async def body() -> None:
+        engine, reg = make_engine(speed=200.0, max_loras=2)
+        await engine.start()
+        loras = [LoRARequest(n, i + 1, str(write_adapter(tmp_path, n))) for i, n in enumerate("ab")]
+        for lora in loras:
+            await engine.load_adapter(lora)
+        streams = [await engine.generate(request(f"r{lora.lora_name}", lora=lora)) for lora in loras]
+        await asyncio.gather(*(collect(s) for s in streams))
+
+        def adapters_bytes() -> int:
+            return int(engine.device_state()["devices"][0]["memory_by_owner"]["adapters"])
+
+        two = adapters_bytes()
+        blocks = engine.knobs()["num_gpu_blocks"]
+        await engine.set_knobs({"max_loras": 1, "max_num_batched_tokens": 4096, "enable_prefix_caching": False})
+        assert engine.knobs()["num_gpu_blocks"] == blocks  # only the memory knobs resize the cache
+        assert adapters_bytes() == two // 2  # the idle slot beyond max_loras is evicted
+        assert reg.get_sample_value(
+            "vllm:lora_requests_info", {"max_lora": "1", "waiting_lora_adapters": "", "running_lora_adapters": ""}
+        )
+        shared = prompt_of(64, 9)
+        for rid in ("p1", "p2"):
+            await collect(await engine.generate(request(rid, shared, max_tokens=1)))
+        assert sample(reg, "vllm:prefix_cache_hits_total", **engine_labels()) == 0
+        await engine.stop()
+
+    run(body())
+
+
+def test_stop_during_an_adapter_load_fails_the_load_instead_of_hanging(tmp_path: Path) -> None:
+    async def body() -> None:
+        engine, _ = make_engine(speed=0.001)  # the 0.16 ms read of this adapter takes 0.16 s of wall time
+        await engine.start()
+        path = write_adapter(tmp_path, "a", modules="all-linear")
+        load = asyncio.create_task(engine.load_adapter(LoRARequest("a", 1, str(path))))
+        await asyncio.sleep(0.02)
+        await engine.stop()
+        with pytest.raises(EngineError) as err:
+            await load
+        assert err.value.kind is ErrorKind.UNAVAILABLE
+
+    run(body())
+
+
+def test_jitter_is_seeded() -> None:
+    async def body(seed: int, jitter: float) -> float:
+        engine, reg = make_engine(speed=50.0, seed=seed, jitter=jitter, batching_window_us=WINDOW_US)
+        await engine.start()
+        streams = [await engine.generate(request(f"r{i}", prompt_of(30, i), max_tokens=20)) for i in range(3)]
+        await asyncio.gather(*(collect(s) for s in streams))
+        await engine.stop()
+        return sample(reg, "loadlens_sim_step_duration_seconds_sum")
+
+    steady = run(body(1, 0.0))
+    jittered = run(body(1, 0.3))
+    assert jittered == run(body(1, 0.3))
+    assert jittered != steady and jittered != run(body(2, 0.3))
+    assert steady == run(body(2, 0.0))  # without jitter the seed changes text, not time

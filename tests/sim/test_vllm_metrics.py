@@ -1,0 +1,137 @@
+"""The vllm:* recorder: names, labels, buckets and per-request semantics, exactly as vLLM 0.33."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporters.common.buckets import VLLM_INTER_TOKEN_LATENCY, VLLM_REQUEST_LATENCY, VLLM_TIME_TO_FIRST_TOKEN
+from exporters.serving.engine import FinishReason
+from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
+
+LAB = {"model_name": "m", "engine": "0"}
+CACHE = {"block_size": "16", "num_gpu_blocks": "100"}
+
+
+def make() -> tuple[VllmMetrics, CollectorRegistry]:
+    reg = CollectorRegistry()
+    return VllmMetrics(reg, model_name="m", max_model_len=2048, cache_info=CACHE, max_loras=2), reg
+
+
+def bounds(reg: CollectorRegistry, name: str) -> list[str]:
+    return [
+        s.labels["le"]
+        for metric in reg.collect()
+        for s in metric.samples
+        if s.name == f"{name}_bucket" and s.labels.get("engine") == "0"
+    ]
+
+
+def test_histogram_buckets_are_vllms() -> None:
+    _, reg = make()
+    assert bounds(reg, "vllm:time_to_first_token_seconds") == [*map(str, VLLM_TIME_TO_FIRST_TOKEN), "+Inf"]
+    assert bounds(reg, "vllm:inter_token_latency_seconds") == [*map(str, VLLM_INTER_TOKEN_LATENCY), "+Inf"]
+    assert bounds(reg, "vllm:request_time_per_output_token_seconds") == bounds(reg, "vllm:inter_token_latency_seconds")
+    assert bounds(reg, "vllm:e2e_request_latency_seconds") == [*map(str, VLLM_REQUEST_LATENCY), "+Inf"]
+    tokens = ["1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0", "1000.0", "2000.0", "+Inf"]
+    assert bounds(reg, "vllm:request_prompt_tokens") == tokens
+    assert bounds(reg, "vllm:request_prefill_kv_computed_tokens") == tokens
+    assert bounds(reg, "vllm:request_params_n") == ["1.0", "2.0", "5.0", "10.0", "20.0", "+Inf"]
+    assert bounds(reg, "vllm:iteration_tokens_total")[-2:] == ["16384.0", "+Inf"]
+
+
+def test_exposed_names_and_label_sets() -> None:
+    _, reg = make()
+    text = generate_latest(reg).decode()
+    for line in [
+        'vllm:prompt_tokens_total{engine="0",model_name="m"} 0.0',
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 0.0',
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} 0.0',
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="deferred"} 0.0',
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0',
+        "loadlens_sim_schedule_slips_total 0.0",
+    ]:
+        assert line in text
+    assert "# TYPE vllm:iteration_tokens_total histogram" in text
+    assert "# TYPE vllm:kv_cache_usage_perc gauge" in text
+
+
+def test_finished_request_observes_every_histogram_once() -> None:
+    m, reg = make()
+    m.finished(FinishReason.STOP, arrival=10.0, queued=10.5, scheduled=11.0, first_token=12.0, last_token=20.0,
+               prompt_tokens=100, output_tokens=5, max_tokens=64, preemptions=2, computed_prompt_tokens=36)  # fmt: skip
+
+    def total(name: str) -> float:
+        value = reg.get_sample_value(name, LAB)
+        assert value is not None
+        return value
+
+    assert reg.get_sample_value("vllm:request_success_total", {**LAB, "finished_reason": "stop"}) == 1
+    assert total("vllm:e2e_request_latency_seconds_sum") == 10.0
+    assert total("vllm:request_queue_time_seconds_sum") == 0.5
+    assert total("vllm:request_prefill_time_seconds_sum") == 1.0
+    assert total("vllm:request_decode_time_seconds_sum") == 8.0
+    assert total("vllm:request_inference_time_seconds_sum") == 9.0
+    assert total("vllm:request_time_per_output_token_seconds_sum") == pytest.approx((10.0 - 2.0) / 4)
+    assert total("vllm:request_prompt_tokens_sum") == 100
+    assert total("vllm:request_generation_tokens_sum") == 5
+    assert total("vllm:request_max_num_generation_tokens_sum") == 5
+    assert total("vllm:request_params_max_tokens_sum") == 64
+    assert total("vllm:request_params_n_sum") == 1
+    assert total("vllm:request_num_preemptions_sum") == 2
+    assert total("vllm:request_prefill_kv_computed_tokens_sum") == 36
+    assert total("vllm:time_to_first_token_seconds_count") == 0  # recorded at the first token, not here
+
+
+def test_single_token_request_has_zero_tpot() -> None:
+    m, reg = make()
+    m.finished(FinishReason.LENGTH, arrival=0.0, queued=0.0, scheduled=0.0, first_token=1.0, last_token=1.0,
+               prompt_tokens=1, output_tokens=1, max_tokens=1, preemptions=0, computed_prompt_tokens=1)  # fmt: skip
+    assert reg.get_sample_value("vllm:request_time_per_output_token_seconds_sum", LAB) == 0.0
+    assert reg.get_sample_value("vllm:request_time_per_output_token_seconds_count", LAB) == 1
+
+
+def test_aborts_are_counted_but_observed_nowhere() -> None:
+    m, reg = make()
+    m.ended_early(FinishReason.ABORT)
+    m.ended_early(FinishReason.ERROR)
+    assert reg.get_sample_value("vllm:request_success_total", {**LAB, "finished_reason": "abort"}) == 1
+    assert reg.get_sample_value("vllm:request_success_total", {**LAB, "finished_reason": "error"}) == 1
+    assert reg.get_sample_value("vllm:e2e_request_latency_seconds_count", LAB) == 0
+
+
+def test_queue_gauges_split_waiting_by_reason() -> None:
+    m, reg = make()
+    m.set_queue(running=3, waiting=7, deferred=2, kv_usage=0.25)
+    assert reg.get_sample_value("vllm:num_requests_running", LAB) == 3
+    assert reg.get_sample_value("vllm:num_requests_waiting", LAB) == 7
+    assert reg.get_sample_value("vllm:num_requests_waiting_by_reason", {**LAB, "reason": "capacity"}) == 5
+    assert reg.get_sample_value("vllm:num_requests_waiting_by_reason", {**LAB, "reason": "deferred"}) == 2
+    assert reg.get_sample_value("vllm:kv_cache_usage_perc", LAB) == 0.25
+
+
+def test_lora_info_keeps_only_the_current_label_set_with_wall_clock_value() -> None:
+    m, reg = make()
+    before = time.time()
+    m.set_lora_info(2, ("b",), ("a", "c"))
+    value = reg.get_sample_value(
+        "vllm:lora_requests_info", {"max_lora": "2", "waiting_lora_adapters": "b", "running_lora_adapters": "a,c"}
+    )
+    assert value is not None and before <= value <= time.time()
+    assert (
+        reg.get_sample_value(
+            "vllm:lora_requests_info", {"max_lora": "2", "waiting_lora_adapters": "", "running_lora_adapters": ""}
+        )
+        is None
+    )
+
+
+def test_cache_info_is_replaced_when_the_cache_changes() -> None:
+    m, reg = make()
+    m.set_cache_info({"block_size": "16", "num_gpu_blocks": "50"})
+    assert reg.get_sample_value("vllm:cache_config_info", {"block_size": "16", "engine": "0",
+                                                           "num_gpu_blocks": "50"}) == 1  # fmt: skip
+    assert reg.get_sample_value("vllm:cache_config_info", {"block_size": "16", "engine": "0",
+                                                           "num_gpu_blocks": "100"}) is None  # fmt: skip
