@@ -1,0 +1,298 @@
+"""Collector plumbing: the sub-collector base class, per-call error handling, and the exporter collector.
+
+Each concern is one :class:`GpuCollector` subclass in ``exporters/gpu/collectors/``. It yields fresh
+metric families every scrape and keeps no state between scrapes. Standalone (registered on its own), it
+also yields its own ``loadlens_gpu_collector_success`` and ``..._duration_seconds``; inside the exporter,
+:class:`GpuExporterCollector` runs every enabled sub-collector and reports all of their health in one
+family each (as node_exporter does), so the exposition never repeats a family::
+
+    session = Session(Nvml())
+    registry = CollectorRegistry()
+    GpuExporterCollector(session, [MemoryCollector(session), PowerCollector(session)], registry=registry)
+
+Error policy, per NVML call (:meth:`Scrape.read`): NotSupported and friends -> the series is absent (debug
+log); GPU lost -> that GPU is marked down and skipped, the others carry on; NVML down -> the rest of the
+scrape is skipped and NVML re-initialises later; anything else -> logged, the collector reports failure,
+other GPUs and fields carry on. An exception escaping a collector fails that collector only.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from exporters.common.buckets import COLLECTOR_DURATION_SECONDS
+from exporters.gpu.families import RowCounter, RowGauge
+from exporters.gpu.nvml import ErrorKind, NvmlError
+from exporters.gpu.session import DEVICE_LABELS, Device, Session
+
+log = logging.getLogger(__name__)
+
+PREFIX = "loadlens_gpu"
+T = TypeVar("T")
+
+__all__ = [
+    "DEVICE_LABELS",
+    "PREFIX",
+    "CollectorRun",
+    "GpuCollector",
+    "GpuExporterCollector",
+    "Scrape",
+    "counter",
+    "gauge",
+    "health_families",
+]
+
+
+def gauge(name: str, documentation: str, labels: Sequence[str] = DEVICE_LABELS, unit: str = "") -> RowGauge:
+    return RowGauge(f"{PREFIX}_{name}", documentation, labels, unit=unit)
+
+
+def counter(name: str, documentation: str, labels: Sequence[str] = DEVICE_LABELS) -> RowCounter:
+    return RowCounter(f"{PREFIX}_{name}", documentation, labels)
+
+
+class Scrape:
+    """One collector's pass over the GPUs: the device list and a guarded NVML call helper."""
+
+    def __init__(self, session: Session, collector: str) -> None:
+        self.session = session
+        self.collector = collector
+        self.ok = True
+        self._down = False
+        self._skip: set[int] = set()
+
+    def devices(self) -> list[Device]:
+        """GPUs that are up. None at all (NVML down or zero GPUs) fails the collector."""
+        devices = self.session.devices()
+        if not devices:
+            self.ok = False
+        return devices
+
+    def read(self, device: Device | None, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)``, or None when it failed (the failure is classified and recorded)."""
+        if self._down or (device is not None and device.index in self._skip):
+            return None
+        try:
+            return fn(*args)
+        except NvmlError as err:
+            self.fail(device, err)
+            return None
+
+    def skipped(self, device: Device) -> bool:
+        return self._down or device.index in self._skip
+
+    def fail(self, device: Device | None, err: NvmlError) -> None:
+        where = f"GPU {device.index}" if device is not None else "system"
+        if err.kind in (ErrorKind.UNSUPPORTED, ErrorKind.NO_DATA):
+            log.debug("%s: %s: %s (series omitted)", self.collector, where, err)
+            return
+        self.session.record_error(self.collector, err)
+        if err.kind is ErrorKind.DEVICE_LOST and device is not None:
+            # The GPU is reported by device_up; the collector still did its job for the others.
+            self._skip.add(device.index)
+            self.session.mark_lost(device, err)
+            return
+        self.ok = False
+        if err.kind is ErrorKind.LIFECYCLE:
+            self._down = True
+            self.session.mark_down(err)
+            return
+        log.error("%s: %s: %s", self.collector, where, err)
+
+
+@dataclass(frozen=True)
+class CollectorRun:
+    name: str
+    success: bool
+    duration: float
+    families: list[Metric]
+
+
+class GpuCollector(abc.ABC):
+    """Base for one concern. Subclasses set ``name`` and implement :meth:`_collect`."""
+
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        registry: CollectorRegistry | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._session = session
+        self._timer = timer
+        self._clock = clock
+        if registry:
+            registry.register(self)
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @abc.abstractmethod
+    def _collect(self, scrape: Scrape) -> Iterable[Metric]:
+        """Yield this scrape's families; use ``scrape.read`` for every NVML call."""
+
+    def describe(self) -> list[Metric]:
+        # Registering must not trigger a collection (NVML may be slow or down at start-up).
+        return []
+
+    def run(self) -> CollectorRun:
+        """Collect once; never raises."""
+        start = self._timer()
+        scrape = Scrape(self._session, self.name)
+        with self._session.lock:
+            try:
+                families = list(self._collect(scrape))
+            except Exception:
+                log.exception("collector %s failed", self.name)
+                scrape.ok = False
+                families = []
+        duration = self._timer() - start
+        if scrape.ok:
+            self._session.record_success(self.name, self._clock())
+        return CollectorRun(self.name, scrape.ok, duration, families)
+
+    def collect(self) -> Iterator[Metric]:
+        run = self.run()
+        yield from run.families
+        yield from health_families([run], self._session)
+
+
+def health_families(runs: Sequence[CollectorRun], session: Session) -> Iterator[Metric]:
+    success = gauge("collector_success", "1 if the collector's last run succeeded, else 0.", ["collector"])
+    duration = gauge("collector_duration_seconds", "Duration of the collector's last run.", ["collector"])
+    last = gauge(
+        "collector_last_success_timestamp_seconds",
+        "Unix time of the collector's last successful run.",
+        ["collector"],
+    )
+    for run in runs:
+        success.add_metric([run.name], 1.0 if run.success else 0.0)
+        duration.add_metric([run.name], run.duration)
+        ts = session.last_success.get(run.name)
+        if ts is not None:
+            last.add_metric([run.name], ts)
+    yield success
+    yield duration
+    yield last
+
+
+def _le(bound: float) -> str:
+    """Bucket bound as Prometheus writes it (``+Inf``, ``0.005``, ``1.0``)."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class SamplerHealth(Protocol):
+    """What :class:`GpuExporterCollector` needs from the sampler (a protocol to avoid an import cycle)."""
+
+    ticks_total: int
+    errors_total: int
+    interval: float
+    window: float
+
+
+class GpuExporterCollector(Collector):
+    """Runs the enabled sub-collectors and adds exporter health. The only collector the exporter registers."""
+
+    def __init__(
+        self,
+        session: Session,
+        collectors: Sequence[GpuCollector],
+        *,
+        sampler: SamplerHealth | None = None,
+        registry: CollectorRegistry | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._session = session
+        self._collectors = list(collectors)
+        self._sampler = sampler
+        self._timer = timer
+        self._bucket_bounds = COLLECTOR_DURATION_SECONDS
+        self._bucket_counts = [0] * (len(COLLECTOR_DURATION_SECONDS) + 1)
+        self._scrape_sum = 0.0
+        if registry:
+            registry.register(self)
+
+    @property
+    def collectors(self) -> list[GpuCollector]:
+        return list(self._collectors)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def _observe(self, seconds: float) -> None:
+        i = next((i for i, b in enumerate(self._bucket_bounds) if seconds <= b), len(self._bucket_bounds))
+        self._bucket_counts[i] += 1
+        self._scrape_sum += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        start = self._timer()
+        runs = [c.run() for c in self._collectors]
+        for run in runs:
+            yield from run.families
+        yield from health_families(runs, self._session)
+        yield from self._exporter_families()
+        self._observe(self._timer() - start)
+        yield self._scrape_histogram()
+
+    def _exporter_families(self) -> Iterator[Metric]:
+        s = self._session
+        up = gauge("nvml_up", "1 if NVML is initialised and sees at least one GPU, else 0.", [])
+        up.add_metric([], 1.0 if s.up else 0.0)
+        yield up
+        devices = gauge("devices", "GPUs NVML enumerates, lost ones included.", [])
+        devices.add_metric([], float(len(s.all_devices())))
+        yield devices
+        init_failures = counter("nvml_init_failures", "nvmlInit calls that failed.", [])
+        init_failures.add_metric([], float(s.init_failures_total))
+        yield init_failures
+        reinits = counter("nvml_reinits", "NVML re-initialisations after a lifecycle error or lost GPU.", [])
+        reinits.add_metric([], float(s.reinits_total))
+        yield reinits
+        errors = counter(
+            "nvml_errors",
+            "NVML call failures by collector and NVML error name (NotSupported is not counted).",
+            ["collector", "error"],
+        )
+        with s.lock:
+            items = sorted(s.errors_total.items())
+        for (collector, error), n in items:
+            errors.add_metric([collector, error], float(n))
+        yield errors
+        if self._sampler is not None:
+            ticks = counter("sampler_ticks", "Sampler polls of the driver's sample buffers.", [])
+            ticks.add_metric([], float(self._sampler.ticks_total))
+            yield ticks
+            tick_errors = counter("sampler_errors", "Sampler polls that hit an NVML error.", [])
+            tick_errors.add_metric([], float(self._sampler.errors_total))
+            yield tick_errors
+            interval = gauge("sampler_interval_seconds", "Configured sampler poll interval.", [])
+            interval.add_metric([], self._sampler.interval)
+            yield interval
+            window = gauge("window_seconds", "Configured length of the rolling window for window statistics.", [])
+            window.add_metric([], self._sampler.window)
+            yield window
+
+    def _scrape_histogram(self) -> HistogramMetricFamily:
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip((*self._bucket_bounds, float("inf")), self._bucket_counts, strict=True):
+            cumulative += n
+            buckets.append((_le(bound), float(cumulative)))
+        h = HistogramMetricFamily(
+            f"{PREFIX}_scrape_duration_seconds",
+            "Time to collect every enabled collector, per scrape (this one included).",
+        )
+        h.add_metric([], buckets, self._scrape_sum)
+        return h

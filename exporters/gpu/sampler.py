@@ -1,0 +1,240 @@
+"""The background sampler: reads the driver's sample buffers between scrapes.
+
+Each tick (default every 0.1 s) it asks ``nvmlDeviceGetSamples`` for the utilisation samples produced
+since the last one it saw, so it keeps every sample at the driver's native rate (1/6 s to 1 s depending on
+the product) whatever the scrape interval. It also reads used memory (for the fluctuation ratio and step
+detection) and drains pending XID events without blocking. It recomputes the utilisation window statistics
+at most every ``stats_every`` seconds (default 1 s) when new samples have arrived, so a scrape only reads
+them, and a tick costs a few NVML calls per GPU::
+
+    sampler = Sampler(session, interval=0.1, window=30.0)
+    sampler.start()
+    sampler.util_stats(uuid)    # exporters.gpu.stats.UtilStats or None
+    sampler.stop()
+
+The utilisation window is anchored at the newest sample (``window`` seconds of driver samples); the memory
+window at the sampler's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporters.gpu.collector import Scrape
+from exporters.gpu.nvml import ErrorKind, NvmlError
+from exporters.gpu.session import Device, Session
+from exporters.gpu.stats import MemoryWindow, StepDetector, UtilStats, memory_window, util_stats
+
+log = logging.getLogger(__name__)
+
+MAX_XID_CODES = 32  # distinct XID label values per GPU; later codes count under xid="other"
+XID_OTHER = -1
+_XID_DRAIN_PER_TICK = 64
+
+
+@dataclass
+class DeviceWindow:
+    """Everything the sampler has seen of one GPU (keyed by UUID so it survives NVML re-initialisation)."""
+
+    steps: StepDetector
+    util: deque[tuple[int, float]] = field(default_factory=deque)  # (timestamp µs, ratio)
+    memory: deque[tuple[float, int]] = field(default_factory=deque)  # (monotonic s, used bytes)
+    last_ts_us: int = 0
+    step_count: int = 0
+    step_bytes: int = 0
+    xid_registered: bool = False
+    xid_total: int = 0
+    xid_counts: dict[int, int] = field(default_factory=dict)
+    xid_last_time: float | None = None
+    version: int = 0  # bumped when samples arrive
+    stats: UtilStats | None = None  # computed by the sampler, read by scrapes
+    stats_version: int = -1
+    stats_time: float = -float("inf")
+
+    def refresh_stats(self, now: float, every: float) -> None:
+        """Recompute the utilisation statistics if samples arrived and ``every`` seconds have passed."""
+        if self.version == self.stats_version or now - self.stats_time < every:
+            return
+        # Relative times: absolute µs timestamps (~1.7e15) lose sub-µs precision as float seconds.
+        t0 = self.util[0][0] if self.util else 0
+        self.stats = util_stats([((ts - t0) / 1e6, v) for ts, v in self.util])
+        self.stats_version, self.stats_time = self.version, now
+
+
+class Sampler:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        interval: float = 0.1,
+        window: float = 30.0,
+        step_bytes: int = 2 * 1024 * 1024,
+        stats_every: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.session = session
+        self.interval = interval
+        self.window = window
+        self.step_bytes = step_bytes
+        self.stats_every = stats_every
+        self._clock = clock
+        self._wall = wall
+        self._windows: dict[str, DeviceWindow] = {}
+        self._event_set: Any = None
+        self._event_generation = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ticks_total = 0
+        self.errors_total = 0
+
+    # --- reading (scrape side) ---
+
+    def window_for(self, uuid: str) -> DeviceWindow | None:
+        return self._windows.get(uuid)
+
+    def util_stats(self, uuid: str) -> UtilStats | None:
+        """The statistics as of the last recomputation (at most ``stats_every`` seconds old)."""
+        w = self._windows.get(uuid)
+        return w.stats if w is not None else None
+
+    def memory_window(self, uuid: str) -> MemoryWindow | None:
+        with self.session.lock:
+            w = self._windows.get(uuid)
+            return memory_window([used for _, used in w.memory]) if w is not None else None
+
+    # --- the thread ---
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self.session.lock:
+            self._free_event_set()
+
+    def _run(self) -> None:
+        next_tick = self._clock()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the sampler must outlive any bug in one tick
+                log.exception("sampler tick failed")
+                self.errors_total += 1
+            next_tick += self.interval
+            now = self._clock()
+            if next_tick < now:  # fell behind (a slow scrape held the lock): skip, do not burst
+                next_tick = now + self.interval
+            self._stop.wait(next_tick - now)
+
+    def tick(self) -> None:
+        """One poll of every GPU (public so tests and benchmarks can drive it without the thread)."""
+        scrape = Scrape(self.session, "sampler")
+        with self.session.lock:
+            devices = self.session.devices()
+            if self._event_generation != self.session.generation:
+                self._reset_events(devices, scrape)
+            now = self._clock()
+            for dev in devices:
+                self._poll(dev, scrape, now)
+                self._windows[dev.uuid].refresh_stats(now, self.stats_every)
+            self._drain_xids(devices, scrape)
+        self.ticks_total += 1
+        if not scrape.ok:
+            self.errors_total += 1
+
+    def _window(self, uuid: str) -> DeviceWindow:
+        w = self._windows.get(uuid)
+        if w is None:
+            w = self._windows[uuid] = DeviceWindow(steps=StepDetector(self.step_bytes))
+        return w
+
+    def _poll(self, dev: Device, scrape: Scrape, now: float) -> None:
+        nvml = self.session.nvml
+        w = self._window(dev.uuid)
+        samples = scrape.read(dev, nvml.util_samples, dev.handle, w.last_ts_us)
+        if samples:
+            w.util.extend(s for s in samples if s[0] > w.last_ts_us)
+            w.last_ts_us = max(w.last_ts_us, samples[-1][0])
+            horizon = w.last_ts_us - int(self.window * 1e6)
+            while w.util and w.util[0][0] < horizon:
+                w.util.popleft()
+            w.version += 1
+        mem = scrape.read(dev, nvml.memory, dev.handle)
+        if mem is not None:
+            w.memory.append((now, mem.used))
+            while w.memory and w.memory[0][0] < now - self.window:
+                w.memory.popleft()
+            step = w.steps.update(mem.used)
+            if step is not None:
+                w.step_count += 1
+                w.step_bytes += step
+
+    # --- XID events: one event set for all GPUs, drained without blocking ---
+
+    def _free_event_set(self) -> None:
+        if self._event_set is not None:
+            try:
+                self.session.nvml.event_set_free(self._event_set)
+            except NvmlError as err:
+                log.debug("nvmlEventSetFree: %s", err)
+            self._event_set = None
+
+    def _reset_events(self, devices: list[Device], scrape: Scrape) -> None:
+        self._free_event_set()
+        self._event_generation = self.session.generation
+        if not devices:
+            self._event_generation = -1  # try again once GPUs are visible
+            return
+        nvml = self.session.nvml
+        self._event_set = scrape.read(None, nvml.event_set_create)
+        for dev in devices:
+            w = self._window(dev.uuid)
+            w.xid_registered = False
+            if self._event_set is None:
+                continue
+            try:
+                nvml.register_xid_events(dev.handle, self._event_set)
+                w.xid_registered = True
+            except NvmlError as err:
+                scrape.fail(dev, err)
+
+    def _drain_xids(self, devices: list[Device], scrape: Scrape) -> None:
+        if self._event_set is None:
+            return
+        by_index = {d.index: d for d in devices}
+        for _ in range(_XID_DRAIN_PER_TICK):
+            try:
+                event = self.session.nvml.event_wait(self._event_set, 0)
+            except NvmlError as err:
+                if err.kind is ErrorKind.DEVICE_LOST:
+                    # The event names no device we can trust; the per-GPU polls find which one is lost.
+                    log.error("XID event wait: %s", err)
+                    self.session.record_error("sampler", err)
+                else:
+                    scrape.fail(None, err)
+                return
+            if event is None:
+                return
+            dev = by_index.get(event.gpu_index)
+            if dev is None:
+                continue
+            w = self._window(dev.uuid)
+            code = event.xid if event.xid in w.xid_counts or len(w.xid_counts) < MAX_XID_CODES else XID_OTHER
+            w.xid_counts[code] = w.xid_counts.get(code, 0) + 1
+            w.xid_total += 1
+            w.xid_last_time = self._wall()
+            log.warning("GPU %d (%s): XID %d", dev.index, dev.uuid, event.xid)

@@ -1,0 +1,134 @@
+"""The exporter's HTTP surface, in process: /metrics, /health, content negotiation, assembly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from exporters.gpu.collectors import DEFAULT_COLLECTORS
+from exporters.gpu.faults import parse_faults
+from exporters.gpu.nvml import Nvml
+from exporters.gpu.server import GpuExporter, MetricsServer
+from exporters.gpu.sim import SimNvml, StaticSource
+from tests.gpu.helpers import default_state
+
+
+def serve(exporter: GpuExporter) -> Iterator[str]:
+    server = MetricsServer(exporter, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        exporter.stop()
+
+
+@pytest.fixture
+def source() -> StaticSource:
+    return StaticSource(default_state())
+
+
+@pytest.fixture
+def base_url(source: StaticSource) -> Iterator[str]:
+    exporter = GpuExporter(Nvml(SimNvml(source, max_age=0.0)), backend="sim", proc_root=None)
+    exporter.sampler.tick()
+    yield from serve(exporter)
+
+
+def get(url: str, accept: str = "") -> tuple[int, str, str]:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers["Content-Type"], err.read().decode()
+
+
+def test_metrics(base_url: str) -> None:
+    status, ctype, body = get(f"{base_url}/metrics")
+    assert status == 200
+    assert ctype.startswith("text/plain; version=0.0.4")
+    assert "loadlens_gpu_nvml_up 1.0" in body
+    for name in DEFAULT_COLLECTORS:
+        assert f'loadlens_gpu_collector_success{{collector="{name}"}} 1.0' in body
+    assert "DCGM_FI_DEV_GPU_UTIL" not in body  # opt-in
+
+
+def test_metrics_openmetrics(base_url: str) -> None:
+    status, ctype, body = get(f"{base_url}/metrics", accept="application/openmetrics-text; version=1.0.0")
+    assert status == 200
+    assert ctype.startswith("application/openmetrics-text")
+    assert body.endswith("# EOF\n")
+
+
+def test_health_ok(base_url: str) -> None:
+    status, ctype, body = get(f"{base_url}/health")
+    assert (status, ctype) == (200, "application/json")
+    assert json.loads(body) == {
+        "status": "ok",
+        "backend": "sim",
+        "nvml_up": True,
+        "devices": 2,
+        "lost_devices": [],
+        "last_init_error": "",
+    }
+
+
+def test_index_and_not_found(base_url: str) -> None:
+    assert get(f"{base_url}/")[0] == 200
+    assert get(f"{base_url}/nope")[0] == 404
+
+
+def test_nvml_down_metrics_200_health_503(source: StaticSource) -> None:
+    source.fail = OSError("engine not running")
+    exporter = GpuExporter(Nvml(SimNvml(source)), backend="sim", proc_root=None)
+    for url in serve(exporter):
+        status, _, body = get(f"{url}/metrics")
+        assert status == 200  # health series still reach Prometheus
+        assert "loadlens_gpu_nvml_up 0.0" in body
+        assert 'loadlens_gpu_collector_success{collector="memory"} 0.0' in body
+        assert "loadlens_gpu_nvml_init_failures_total 1.0" in body
+        status, _, body = get(f"{url}/health")
+        assert status == 503
+        assert json.loads(body)["last_init_error"] == "DriverNotLoaded"
+
+
+def test_degraded_health_when_a_gpu_is_lost() -> None:
+    sim = SimNvml(StaticSource(default_state()), faults=parse_faults("lost:1@0"), max_age=0.0)
+    exporter = GpuExporter(Nvml(sim), backend="sim", proc_root=None)
+    for url in serve(exporter):
+        status, _, body = get(f"{url}/metrics")
+        assert status == 200
+        assert 'loadlens_gpu_device_up{gpu="1"' in body
+        status, _, body = get(f"{url}/health")
+        assert status == 200
+        doc = json.loads(body)
+        assert (doc["status"], doc["lost_devices"]) == ("degraded", [1])
+
+
+def test_unknown_collector_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown collectors"):
+        GpuExporter(Nvml(SimNvml(StaticSource(default_state()))), backend="sim", collectors=["nope"])
+
+
+def test_start_runs_the_sampler(source: StaticSource) -> None:
+    exporter = GpuExporter(Nvml(SimNvml(source)), backend="sim", sample_interval=0.01, proc_root=None)
+    exporter.start()
+    try:
+        deadline = threading.Event()
+        for _ in range(200):
+            if exporter.sampler.ticks_total >= 2:
+                break
+            deadline.wait(0.01)
+        assert exporter.sampler.ticks_total >= 2
+    finally:
+        exporter.stop()
+    assert not exporter.session.up

@@ -1,0 +1,15 @@
+"""``make fixtures``: regenerate every committed golden file (review the diff before committing)."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.gpu import golden
+
+
+def main() -> int:
+    return golden.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
