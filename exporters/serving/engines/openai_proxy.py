@@ -2,8 +2,8 @@
 llama.cpp server, another loadlens).
 
 - Streams chunk by chunk without buffering: each upstream SSE ``data:`` payload is forwarded verbatim as the
-  event's ``wire_chunk`` (the only rewrite: usage fields the client did not ask for are stripped, because the
-  proxy always asks the upstream for them to count tokens exactly).
+  event's ``wire_chunk``. The proxy always asks for the final usage chunk (exact token totals) and forwards it
+  only to clients that asked for it.
 - Non-streaming client requests are streamed from the upstream too, so the proxy measures time to first token
   for them as well; the HTTP layer assembles the JSON body.
 - Upstream errors keep their status and body; an unreachable upstream is 503.
@@ -238,9 +238,11 @@ class OpenAIProxyEngine(Engine):
         body = dict(request.body)
         body["stream"] = True
         options = dict(body.get("stream_options") or {})
-        # Always ask for usage so tokens are counted exactly; stripped again for clients that did not ask.
+        # Always ask for the final usage chunk so token totals are exact (it is forwarded only to clients that
+        # asked). Per-chunk usage is requested only when the client asked for it: stripping it again would
+        # cost a JSON re-serialisation per token; without it each content chunk counts one token (exact for
+        # vLLM without speculative decoding) and the final usage corrects the total.
         options["include_usage"] = True
-        options["continuous_usage_stats"] = True
         body["stream_options"] = options
         try:
             response = await session.post(
