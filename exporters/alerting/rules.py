@@ -342,9 +342,145 @@ def engine_alert_group(c: Ctx) -> dict[str, Any]:
     }
 
 
+# Throttle reasons worth a ticket: the GPU runs below its clocks for power or heat, not by choice.
+THROTTLE_REASONS = "sw_power_cap|hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
+
+
+def gpu_alert_group(c: Ctx) -> dict[str, Any]:
+    a, g = c.a, c.slos.gpu
+    s = c.sel("gpu")
+    throttled = c.sel("gpu", f'reason=~"{THROTTLE_REASONS}"')
+    rules = [
+        _alert(
+            "LoadlensGpuUtilizationSwingHigh",
+            f"loadlens_gpu_utilization_window_peak_to_trough_ratio{s} > {g['util_peak_to_trough_ratio']}",
+            "2m",
+            "warning",
+            "GPU utilisation swings widely.",
+            "GPU {{ $labels.gpu }} ({{ $labels.model }}) swings {{ $value | humanizePercentage }} peak to trough "
+            f"over the window (threshold {g['util_peak_to_trough_ratio']:.0%}; guide 2.2: 3 adapters gave 43 %).",
+            component="gpu",
+        ),
+        _alert(
+            "LoadlensGpuVramFluctuationHigh",
+            f"loadlens_gpu_memory_fluctuation_ratio{s} >= {g['vram_fluctuation_ratio']}",
+            "1m",
+            "warning",
+            "GPU memory use fluctuates beyond the stability threshold.",
+            "VRAM on GPU {{ $labels.gpu }} moved {{ $value | humanizePercentage }} of its mean over the window "
+            f"(guide 2.3 alerts at {g['vram_fluctuation_ratio']:.0%}).",
+            component="gpu",
+        ),
+        _alert(
+            "LoadlensGpuVramNearFull",
+            f"loadlens_gpu_memory_used_bytes{s} / loadlens_gpu_memory_total_bytes{s} > {g['vram_used_ratio_critical']}",
+            "2m",
+            "critical",
+            "GPU memory is nearly exhausted: out-of-memory risk.",
+            "GPU {{ $labels.gpu }} uses {{ $value | humanizePercentage }} of its memory.",
+            component="gpu",
+        ),
+        _alert(
+            "LoadlensGpuAllocatorFragmentationHigh",
+            f"loadlens_gpu_allocator_fragmentation_ratio{s} > {g['fragmentation_ratio']}",
+            "5m",
+            "warning",
+            "The CUDA caching allocator's free memory is fragmented.",
+            "On GPU {{ $labels.gpu }}, {{ $value | humanizePercentage }} of the allocator's free memory is outside "
+            "its largest free block; large allocations may fail or force cache flushes.",
+            component="gpu",
+        ),
+        _alert(
+            "LoadlensGpuThrottling",
+            f"max by (instance, gpu, uuid, model, reason) (loadlens_gpu_clock_event_active{throttled}) == 1",
+            "2m",
+            "warning",
+            "The GPU is throttling its clocks.",
+            "GPU {{ $labels.gpu }} holds its clocks down for {{ $labels.reason }}; throughput falls.",
+            component="gpu",
+        ),
+        _alert(
+            "LoadlensGpuXidError",
+            f"increase(loadlens_gpu_xid_events_total{s}[5m]) > 0",
+            "0s",  # an XID is an event: page on the first one
+            "critical",
+            "The GPU driver reported an XID error.",
+            "GPU {{ $labels.gpu }} reported {{ $value | humanize }} XID events in 5m; see "
+            "loadlens_gpu_xid_errors_total for the codes.",
+            component="gpu",
+        ),
+        _alert(
+            "LoadlensGpuLost",
+            f"loadlens_gpu_device_up{s} == 0",
+            "1m",
+            "critical",
+            "A GPU is lost or not answering NVML.",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) has not answered NVML for 1m (fallen off the bus, "
+            "reset required).",
+            component="gpu",
+        ),
+        _alert(
+            "LoadlensGpuExporterDown",
+            f"up{s} == 0 or loadlens_gpu_nvml_up{s} == 0",
+            "1m",
+            "critical",
+            "The GPU exporter cannot be scraped or cannot reach NVML.",
+            "{{ $labels.instance }}: the GPU exporter is down or NVML does not initialise; GPU alerts are blind.",
+        ),
+        _alert(
+            "LoadlensGpuExporterStale",
+            f"time() - max by (instance, collector) (loadlens_gpu_collector_last_success_timestamp_seconds{s})"
+            f" > {a['gpu_exporter_stale_seconds']:g}",
+            "1m",
+            "warning",
+            "A GPU exporter collector has not succeeded recently.",
+            "Collector {{ $labels.collector }} on {{ $labels.instance }} last succeeded "
+            "{{ $value | humanizeDuration }} ago.",
+        ),
+    ]
+    return {"name": "loadlens-gpu", "rules": rules}
+
+
+def training_alert_group(c: Ctx) -> dict[str, Any]:
+    """Guide 2.3 training-stability alerts. The series come with the training callback (later issue); their
+    names are fixed here and in docs/metrics.md so dashboards and rules can be written once."""
+    t = c.slos.training
+    return {
+        "name": "loadlens-training",
+        "rules": [
+            _alert(
+                "LoadlensTrainingGradNormJump",
+                f"loadlens_training_grad_norm > {t['grad_norm_jump_factor']:g} * loadlens_training_grad_norm_ema",
+                "0s",  # one step's jump is the event the guide alerts on
+                "warning",
+                "The gradient norm jumped far above its moving average.",
+                "Run {{ $labels.run }}: gradient L2 norm {{ $value | humanize }} exceeds "
+                f"{t['grad_norm_jump_factor']:g}x its EMA (guide 2.3).",
+                component="training",
+            ),
+            _alert(
+                "LoadlensTrainingVramPeakFluctuation",
+                f"loadlens_training_vram_peak_fluctuation_ratio >= {c.slos.gpu['vram_fluctuation_ratio']}",
+                "0s",
+                "warning",
+                "Peak GPU memory between training steps fluctuates beyond the stability threshold.",
+                "Run {{ $labels.run }}: peak VRAM moved {{ $value | humanizePercentage }} between steps "
+                f"(guide 2.3 alerts at {c.slos.gpu['vram_fluctuation_ratio']:.0%}).",
+                component="training",
+            ),
+        ],
+    }
+
+
 def build_groups(slos: SLOConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(recording groups, alerting groups)."""
     c = Ctx(slos, slos.alerting)
     recording = [serving_recording_group(c), *slo_recording_groups(c)]
-    alerts = [slo_alert_group(c), burn_rate_group(c), engine_alert_group(c)]
+    alerts = [
+        slo_alert_group(c),
+        burn_rate_group(c),
+        engine_alert_group(c),
+        gpu_alert_group(c),
+        training_alert_group(c),
+    ]
     return recording, add_runbook_links(alerts, c.a["runbook_base_url"])
