@@ -65,6 +65,7 @@ async def _stream(client: httpx.AsyncClient, label: str, body: dict[str, object]
     started = time.monotonic()
     ttft: float | None = None
     tokens = 0
+    priority = body["priority"] if isinstance(body.get("priority"), int) else 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
@@ -85,7 +86,7 @@ async def _stream(client: httpx.AsyncClient, label: str, body: dict[str, object]
                 print(text, end="", flush=True)
     if echo:
         print()
-    return Result(label, int(body.get("priority", 0)), ttft, time.monotonic() - started, tokens, 200)  # type: ignore[call-overload]
+    return Result(label, priority, ttft, time.monotonic() - started, tokens, 200)
 
 
 def _chat(prompt: str, max_tokens: int, priority: int = 0, image: bool = False) -> dict[str, object]:
