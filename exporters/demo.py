@@ -65,13 +65,12 @@ async def _stream(client: httpx.AsyncClient, label: str, body: dict[str, object]
     started = time.monotonic()
     ttft: float | None = None
     tokens = 0
-    priority = body["priority"] if isinstance(body.get("priority"), int) else 0
+    raw_priority = body.get("priority")
+    priority = raw_priority if isinstance(raw_priority, int) else 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
-            return Result(
-                label, int(body.get("priority", 0)), None, time.monotonic() - started, 0, response.status_code
-            )  # type: ignore[call-overload]
+            return Result(label, priority, None, time.monotonic() - started, 0, response.status_code)
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
