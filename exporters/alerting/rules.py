@@ -441,6 +441,36 @@ def gpu_alert_group(c: Ctx) -> dict[str, Any]:
     return {"name": "loadlens-gpu", "rules": rules}
 
 
+def loadgen_alert_group(c: Ctx) -> dict[str, Any]:
+    a = c.a
+    s = c.sel("loadgen")
+    return {
+        "name": "loadlens-loadgen",
+        "rules": [
+            _alert(
+                "LoadlensLoadgenCpuSaturated",
+                f"loadlens_loadgen_cpu_ratio{s} > {a['loadgen_cpu_ratio']}",
+                "30s",
+                "warning",
+                "The load generator is CPU-bound: its latency figures are not trustworthy.",
+                "{{ $labels.instance }} uses {{ $value | humanizePercentage }} of a core; timestamps are delayed "
+                "and the run's results are marked invalid. Add Locust workers.",
+                component="loadgen",
+            ),
+            _alert(
+                "LoadlensFairnessIndexLow",
+                f"loadlens_client_jain_fairness_index{s} < {a['fairness_index_min']}",
+                "1m",
+                "warning",
+                "Priority classes are served unfairly.",
+                "Jain's index over per-class normalised throughput is {{ $value | humanize }} in stage "
+                f"{{{{ $labels.stage }}}} (floor {a['fairness_index_min']:g}; guide 4.3: FIFO 0.31, WFQ 0.76).",
+                component="loadgen",
+            ),
+        ],
+    }
+
+
 def training_alert_group(c: Ctx) -> dict[str, Any]:
     """Guide 2.3 training-stability alerts. The series come with the training callback (later issue); their
     names are fixed here and in docs/metrics.md so dashboards and rules can be written once."""
@@ -481,6 +511,7 @@ def build_groups(slos: SLOConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
         burn_rate_group(c),
         engine_alert_group(c),
         gpu_alert_group(c),
+        loadgen_alert_group(c),
         training_alert_group(c),
     ]
     return recording, add_runbook_links(alerts, c.a["runbook_base_url"])
