@@ -463,7 +463,7 @@ def loadgen_alert_group(c: Ctx) -> dict[str, Any]:
                 "1m",
                 "warning",
                 "Priority classes are served unfairly.",
-                "Jain's index over per-class normalised throughput is {{ $value | humanize }} in stage "
+                'Jain\'s index over per-class normalised throughput is {{ printf "%.2f" $value }} in stage '
                 f"{{{{ $labels.stage }}}} (floor {a['fairness_index_min']:g}; guide 4.3: FIFO 0.31, WFQ 0.76).",
                 component="loadgen",
             ),
