@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-MODULES = ("benchmarks.serving", "benchmarks.sim_engine", "benchmarks.gpu_exporter")
+MODULES = ("benchmarks.serving", "benchmarks.sim_engine", "benchmarks.gpu_exporter", "benchmarks.loadgen")
 
 
 def main() -> int:

@@ -1,0 +1,244 @@
+"""``loadlens load``: validate the profile and the target, then run Locust with loadgen/locustfile.py.
+
+Locust runs as a child process (gevent patches the standard library, which must not happen inside the
+``loadlens`` process); every option reaches it as a command-line flag, the API key through the environment.
+
+Exit status: 0 the run completed and its results are valid; 3 it completed but the results are invalid
+(load-generator CPU above the threshold); 2 a usage error (bad profile, flag, URL); 1 the target could not be
+reached or Locust failed. Request failures are data (in benchmark_result.json), not an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from exporters.common.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
+from exporters.common.slo import SLOConfigError, load_slos
+from loadgen.metrics import DEFAULT_METRICS_PORT
+from loadgen.profile import ProfileError, available_profiles, load_profile, resolve_profile_path
+from loadgen.results import RESULT_FILE
+
+ENV_PREFIX = "LOADLENS_LOAD_"
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+
+
+def _url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"must be an http(s) URL like http://127.0.0.1:8000, got {text!r}")
+    return text.rstrip("/")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Its own prefix, so one environment can configure `loadlens serve` (LOADLENS_HOST, ...) beside it.
+    arg = functools.partial(env_arg, env_prefix=ENV_PREFIX)
+    p = sub.add_parser(
+        "load",
+        help="run a load profile against an OpenAI-compatible server (Locust)",
+        description=(
+            "Run a load profile (stages of users or arrival rates, a weighted traffic mix) against an "
+            "OpenAI-compatible server with Locust. Streams every request and measures TTFT, per-token ITL, "
+            "TPOT and E2E at full precision; serves client-side metrics on /metrics; writes "
+            "RESULTS/RUN_ID/benchmark_result.json. See docs/loadgen.md."
+        ),
+    )
+    arg(p, "--profile", default="quick", help="packaged profile name (see --list-profiles) or a YAML path")
+    arg(p, "--host", type=_url, default="http://127.0.0.1:8000", help="target base URL")
+    arg(p, "--model", default=None, help="model to request (default: the first model the target lists)")
+    arg(p, "--headless", action="store_true", help="no web UI; run the profile and exit")
+    arg(p, "--users-scale", type=positive_float, default=1.0, help="multiply users, rates and pools by F")
+    arg(p, "--time-scale", type=positive_float, default=1.0, help="multiply every stage duration by F")
+    arg(p, "--results", default="results", help="directory for run directories")
+    arg(p, "--run-id", default=None, help="run directory name (default: PROFILE-UTCTIMESTAMP)")
+    arg(p, "--prometheus", type=_url, default=None, help="Prometheus URL: add server-side figures per stage")
+    arg(p, "--seed", type=non_negative_int, default=None, help="prompt seed (default: the profile's)")
+    arg(p, "--slo-file", default=None, help="SLO file for goodput and breaches (default: packaged slos.yaml)")
+    arg(p, "--api-key", default=None, help="bearer token for the target; prefer the variable (flags show in ps)")
+    arg(p, "--metrics-port", type=port_number, default=DEFAULT_METRICS_PORT, help="/metrics port, 0 = off")
+    arg(p, "--metrics-host", default="127.0.0.1", help="/metrics bind address (0.0.0.0 in containers)")
+    arg(p, "--workers", type=non_negative_int, default=0, help="local Locust worker processes (0: one process)")
+    arg(p, "--expect-workers", type=non_negative_int, default=0, help="run as master; wait for N remote workers")
+    arg(p, "--master-host", default=None, help="run as a worker of the master at this host")
+    arg(p, "--master-port", type=port_number, default=5557, help="master's port (workers and master)")
+    arg(p, "--web-port", type=port_number, default=8089, help="Locust web UI port (without --headless)")
+    arg(p, "--csv", action="store_true", help="also write Locust's CSV reports into the run directory")
+    arg(p, "--html", action="store_true", help="also write Locust's HTML report into the run directory")
+    arg(
+        p,
+        "--cpu-threshold",
+        type=positive_float,
+        default=None,
+        help="load-generator CPU (1 = a core) above which results are invalid (default: SLO file, else 0.9)",
+    )
+    arg(p, "--progress-interval", type=float, default=5.0, help="seconds between progress lines, 0 = off")
+    arg(
+        p,
+        "--log-level",
+        type=str.upper,
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="Locust log level",
+    )
+    arg(p, "--dry-run", action="store_true", help="validate, print the stage plan and the Locust command, exit")
+    p.add_argument("--list-profiles", action="store_true", help="print the packaged profiles and exit")
+    p.set_defaults(handler=run)
+
+
+def _plan(profile: Any) -> str:
+    lines = [f"profile {profile.name}: {profile.description}"]
+    for i, s in enumerate(profile.stages):
+        length = f"{s.duration:g} s" if s.duration is not None else f"until {s.until_requests} requests"
+        if s.duration is not None and s.until_requests is not None:
+            length = f"{s.duration:g} s or {s.until_requests} requests"
+        tag = " (warmup, excluded)" if s.warmup else ""
+        lines.append(f"  {i + 1}. {s.name}: {s.target()}, {length}{tag}")
+    total = sum(t.weight for t in profile.traffic)
+    mix = ", ".join(f"{t.name} {t.weight / total:.0%}" for t in profile.traffic)
+    lines.append(f"  traffic: {mix}")
+    return "\n".join(lines)
+
+
+def _probe(host: str, api_key: str | None) -> str:
+    """The target's first model; raises UsageError-free RuntimeError with a one-line reason when unreachable."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    base = host.removesuffix("/v1")
+    try:
+        response = httpx.get(base + "/v1/models", headers=headers, timeout=5.0)
+    except httpx.HTTPError as err:
+        raise RuntimeError(f"cannot reach target {host}: {err or type(err).__name__}") from err
+    if response.status_code != 200:
+        raise RuntimeError(f"target {host} answered GET /v1/models with HTTP {response.status_code}")
+    try:
+        models = response.json().get("data") or []
+    except ValueError as err:
+        raise RuntimeError(f"target {host}: /v1/models is not JSON") from err
+    base_models = [m for m in models if not m.get("parent")] or models
+    if not base_models:
+        raise RuntimeError(f"target {host} lists no models at /v1/models")
+    return str(base_models[0]["id"])
+
+
+def build_command(args: argparse.Namespace, profile_path: Path, model: str | None, run_id: str) -> list[str]:
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", args.host]
+    cmd += ["--load-profile", str(profile_path), "--users-scale", repr(args.users_scale)]
+    cmd += ["--time-scale", repr(args.time_scale), "--results", args.results, "--run-id", run_id]
+    cmd += ["--metrics-port", str(args.metrics_port), "--metrics-host", args.metrics_host]
+    cmd += ["--progress-interval", repr(args.progress_interval), "--loglevel", args.log_level]
+    if model:
+        cmd += ["--model", model]
+    if args.seed is not None:
+        cmd += ["--seed", str(args.seed)]
+    if args.prometheus:
+        cmd += ["--prometheus", args.prometheus]
+    if args.slo_file:
+        cmd += ["--slo-file", args.slo_file]
+    if args.cpu_threshold:
+        cmd += ["--cpu-threshold", repr(args.cpu_threshold)]
+    run_dir = Path(args.results) / run_id
+    if args.master_host:
+        cmd += ["--worker", "--master-host", args.master_host, "--master-port", str(args.master_port)]
+        return cmd
+    if args.headless:
+        cmd += ["--headless", "--only-summary"]
+    else:
+        cmd += ["--autostart", "--web-port", str(args.web_port)]
+    if args.workers:
+        cmd += ["--processes", str(args.workers)]
+    if args.expect_workers:
+        cmd += ["--master", "--expect-workers", str(args.expect_workers), "--master-bind-port", str(args.master_port)]
+    if args.csv:
+        cmd += ["--csv", str(run_dir / "locust")]
+    if args.html:
+        cmd += ["--html", str(run_dir / "locust_report.html")]
+    return cmd
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """A short table of the result file, one row per stage and the overall row."""
+    head = (
+        f"{'stage':<20} {'ok':>6} {'fail':>5} {'req/s':>7} {'tok/s':>8} {'TTFT ms':>8} {'p99':>8} "
+        f"{'ITL p50':>8} {'p99':>7} {'goodput':>7}"
+    )
+    rows = [head]
+
+    def fmt(x: Any, spec: str) -> str:
+        return format(x, spec) if isinstance(x, int | float) else "-"
+
+    for s in [*doc["stages"], {"name": "overall", **doc["overall"]}]:
+        name = s["name"] + (" (warmup)" if s.get("warmup") else "")
+        rows.append(
+            f"{name:<20} {s['completed']:>6} {s['failed']:>5} {fmt(s['request_throughput'], '7.2f')} "
+            f"{fmt(s['output_throughput'], '8.1f')} {fmt(s['mean_ttft_ms'], '8.1f')} {fmt(s['p99_ttft_ms'], '8.1f')} "
+            f"{fmt(s['median_itl_ms'], '8.2f')} {fmt(s['p99_itl_ms'], '7.2f')} {fmt(s['goodput_ratio'], '7.1%')}"
+        )
+    validity = doc["validity"]
+    if not validity["results_valid"]:
+        rows.append("RESULTS INVALID: " + "; ".join(validity["reasons"]))
+    return "\n".join(rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_profiles:
+        for name in available_profiles():
+            print(f"{name:<14} {load_profile(name).description}")
+        return 0
+    try:
+        profile_path = resolve_profile_path(args.profile)
+        profile = load_profile(args.profile).scaled(users=args.users_scale, time=args.time_scale)
+    except ProfileError as err:
+        raise UsageError(str(err)) from err
+    try:
+        load_slos(args.slo_file)
+    except SLOConfigError as err:
+        raise UsageError(str(err)) from err
+    if args.master_host and (args.workers or args.expect_workers):
+        raise UsageError("--master-host (worker mode) cannot be combined with --workers or --expect-workers")
+    if args.workers and args.expect_workers:
+        raise UsageError("use either --workers (local processes) or --expect-workers (remote workers)")
+    run_id = args.run_id or f"{profile.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    if "/" in run_id or run_id in (".", ".."):
+        raise UsageError(f"--run-id must be a plain directory name, got {run_id!r}")
+    model = args.model
+    if args.dry_run:
+        print(_plan(profile))
+        print(" ".join(build_command(args, profile_path, model, run_id)))
+        return 0
+    if not args.master_host:
+        try:
+            detected = _probe(args.host, args.api_key)
+        except RuntimeError as err:
+            print(f"loadlens load: error: {err}", file=sys.stderr)
+            return 1
+        model = model or detected
+    print(_plan(profile), flush=True)
+    if not args.master_host:
+        where = f"http://{args.metrics_host}:{args.metrics_port}/metrics" if args.metrics_port else "off"
+        print(f"target {args.host}, model {model}; metrics {where}; results {Path(args.results) / run_id}", flush=True)
+    env = dict(os.environ)
+    if args.api_key:
+        env["LOADLENS_LOAD_API_KEY"] = args.api_key
+    cmd = build_command(args, profile_path, model, run_id)
+    try:
+        code = subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        code = 130
+    result = Path(args.results) / run_id / RESULT_FILE
+    if result.is_file() and not args.master_host:
+        try:
+            print(summary(json.loads(result.read_text(encoding="utf-8"))))
+        except (ValueError, KeyError) as err:
+            print(f"loadlens load: cannot summarise {result}: {err}", file=sys.stderr)
+        print(f"results: {result}")
+    return code

@@ -1,0 +1,501 @@
+"""Load profiles: named stages and a weighted traffic mix, loaded from YAML and validated before anything runs.
+
+Usage::
+
+    profile = load_profile("quick")                      # packaged: loadgen/profiles/quick.yaml
+    profile = load_profile("my.yaml").scaled(users=0.5, time=0.1)
+    profile.stages[0].name, profile.traffic[0].weight
+
+Every problem raises :class:`ProfileError` whose message starts with the field path
+(``stages[2].users: must be a positive integer, got 0``). The schema is documented in docs/loadgen.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+SCHEMA_VERSION = 1
+
+Endpoint = Literal["chat", "completions"]
+Arrival = Literal["constant", "poisson"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+"""Stage and traffic names become Prometheus label values and file names: keep them short and plain."""
+
+
+class ProfileError(ValueError):
+    """A profile is missing, malformed or inconsistent. The message names the field and the reason."""
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A token-length distribution: normal(mean, stdev) truncated to [min, max], rounded to an integer."""
+
+    mean: float
+    stdev: float = 0.0
+    min: int = 1
+    max: int = 1_000_000
+
+    def sample(self, gauss: Any) -> int:
+        """``gauss`` is ``random.Random.gauss``; a zero stdev is exact and draws nothing."""
+        value = self.mean if self.stdev == 0 else gauss(self.mean, self.stdev)
+        return int(min(self.max, max(self.min, round(value))))
+
+
+@dataclass(frozen=True)
+class Images:
+    count: int = 0
+    width: int = 512
+    height: int = 512
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """``count`` distinct shared prefixes of ``tokens`` tokens; each request starts with one of them."""
+
+    count: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    source: Literal["synthetic", "sharegpt"] = "synthetic"
+    tokens: LengthDist = field(default_factory=lambda: LengthDist(256))
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One kind of request in the mix, chosen in proportion to ``weight``."""
+
+    name: str
+    weight: float
+    endpoint: Endpoint
+    model: str | None
+    priority: int | None
+    prompt: PromptSpec
+    output_tokens: LengthDist | None
+    output_from_dataset: bool
+    ignore_eos: bool
+    temperature: float
+    images: Images
+    prefix: Prefix | None
+
+    @property
+    def effective_priority(self) -> int:
+        """The priority the server applies (vLLM's default is 0 when the field is absent)."""
+        return 0 if self.priority is None else self.priority
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage. Closed loop: ``users`` keep one request each in flight. Open loop: ``rate`` req/s arrive."""
+
+    name: str
+    warmup: bool = False
+    users: int | None = None
+    rate: float | None = None
+    arrival: Arrival = "poisson"
+    max_concurrency: int = 256
+    spawn_rate: float | None = None
+    duration: float | None = None
+    until_requests: int | None = None
+    max_duration: float = 600.0
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate is not None
+
+    @property
+    def user_count(self) -> int:
+        """Locust users this stage needs: the closed-loop users, or the open-loop sender pool."""
+        return self.max_concurrency if self.users is None else self.users
+
+    @property
+    def nominal_duration(self) -> float:
+        """The planned length: ``duration``, or for request-count stages the ``max_duration`` cap."""
+        return self.duration if self.duration is not None else self.max_duration
+
+    def target(self) -> str:
+        if self.open_loop:
+            return f"{self.rate:g} req/s {self.arrival} (pool {self.max_concurrency})"
+        return f"{self.users} users"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    seed: int
+    request_timeout_s: float
+    stop_timeout_s: float
+    traffic: tuple[Traffic, ...]
+    stages: tuple[Stage, ...]
+    source: str
+    sha256: str
+    users_scale: float = 1.0
+    time_scale: float = 1.0
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Models named explicitly by traffic entries (the run's default model is added at run time)."""
+        return tuple(dict.fromkeys(t.model for t in self.traffic if t.model))
+
+    @property
+    def planned_duration(self) -> float:
+        return sum(s.nominal_duration for s in self.stages)
+
+    def scaled(self, *, users: float = 1.0, time: float = 1.0) -> Profile:
+        """Users, open-loop rates and pools times ``users``; every duration times ``time``.
+
+        ``until_requests`` is a count and is not scaled.
+        """
+        if not (users > 0 and math.isfinite(users)) or not (time > 0 and math.isfinite(time)):
+            raise ProfileError("scale factors must be positive finite numbers")
+        stages = []
+        for s in self.stages:
+            stages.append(
+                replace(
+                    s,
+                    users=None if s.users is None else max(1, round(s.users * users)),
+                    rate=None if s.rate is None else s.rate * users,
+                    max_concurrency=max(1, round(s.max_concurrency * users)),
+                    spawn_rate=None if s.spawn_rate is None else s.spawn_rate * users,
+                    duration=None if s.duration is None else s.duration * time,
+                    max_duration=s.max_duration * time,
+                )
+            )
+        return replace(
+            self, stages=tuple(stages), users_scale=self.users_scale * users, time_scale=self.time_scale * time
+        )
+
+
+# --- parsing helpers ---------------------------------------------------------------------------------------
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise ProfileError(f"{where}.{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _number(section: dict[str, Any], key: str, where: str, default: float | None = None, *, lo: float = 0.0) -> float:
+    value = section.get(key, default)
+    if value is None:
+        raise ProfileError(f"{where}.{key}: missing")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProfileError(f"{where}.{key}: must be a number, got {value!r}")
+    if value <= lo:
+        raise ProfileError(f"{where}.{key}: must be > {lo:g}, got {value!r}")
+    return float(value)
+
+
+def _opt_number(section: dict[str, Any], key: str, where: str, *, lo: float = 0.0) -> float | None:
+    return None if section.get(key) is None else _number(section, key, where, lo=lo)
+
+
+def _integer(section: dict[str, Any], key: str, where: str, default: int | None = None, *, lo: int = 1) -> int:
+    value = section.get(key, default)
+    if value is None:
+        raise ProfileError(f"{where}.{key}: missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(f"{where}.{key}: must be an integer, got {value!r}")
+    if value < lo:
+        raise ProfileError(f"{where}.{key}: must be >= {lo}, got {value}")
+    return value
+
+
+def _bool(section: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise ProfileError(f"{where}.{key}: must be true or false, got {value!r}")
+    return value
+
+
+def _name(section: dict[str, Any], where: str) -> str:
+    value = section.get("name")
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ProfileError(f"{where}.name: must match {_NAME.pattern} (a label value), got {value!r}")
+    return value
+
+
+def _length(value: Any, where: str) -> LengthDist:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = {"mean": value}
+    section = _mapping(value, where)
+    _check_keys(section, {"mean", "stdev", "min", "max"}, where)
+    mean = _number(section, "mean", where)
+    stdev = section.get("stdev", 0)
+    if isinstance(stdev, bool) or not isinstance(stdev, int | float) or stdev < 0 or not math.isfinite(stdev):
+        raise ProfileError(f"{where}.stdev: must be a number >= 0, got {stdev!r}")
+    lo = _integer(section, "min", where, 1)
+    hi = _integer(section, "max", where, 1_000_000)
+    if lo > hi:
+        raise ProfileError(f"{where}: min {lo} > max {hi}")
+    if not lo <= mean <= hi:
+        raise ProfileError(f"{where}.mean: {mean:g} is outside [min {lo}, max {hi}]")
+    return LengthDist(mean=mean, stdev=float(stdev), min=lo, max=hi)
+
+
+def _prompt(value: Any, where: str, base: Path | None) -> PromptSpec:
+    section = _mapping(value, where)
+    _check_keys(section, {"source", "tokens", "path"}, where)
+    source = section.get("source", "synthetic")
+    if source == "synthetic":
+        if "path" in section:
+            raise ProfileError(f"{where}.path: only for source sharegpt")
+        return PromptSpec("synthetic", _length(section.get("tokens", 256), f"{where}.tokens"))
+    if source == "sharegpt":
+        raw = section.get("path")
+        if not isinstance(raw, str) or not raw:
+            raise ProfileError(f"{where}.path: a ShareGPT JSON file is required for source sharegpt")
+        path = Path(raw)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        if not path.is_file():
+            raise ProfileError(f"{where}.path: file not found: {path}")
+        return PromptSpec("sharegpt", LengthDist(1), path)
+    raise ProfileError(f"{where}.source: must be synthetic or sharegpt, got {source!r}")
+
+
+def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None) -> Traffic:
+    section = {**defaults, **_mapping(value, where)}
+    allowed = {
+        "name",
+        "weight",
+        "endpoint",
+        "model",
+        "priority",
+        "prompt",
+        "output_tokens",
+        "ignore_eos",
+        "temperature",
+        "images",
+        "prefix",
+    }
+    _check_keys(section, allowed, where)
+    endpoint = section.get("endpoint", "chat")
+    if endpoint not in ("chat", "completions"):
+        raise ProfileError(f"{where}.endpoint: must be chat or completions, got {endpoint!r}")
+    model = section.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ProfileError(f"{where}.model: must be a non-empty string, got {model!r}")
+    priority = section.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ProfileError(f"{where}.priority: must be an integer, got {priority!r}")
+    prompt = _prompt(section.get("prompt", {}), f"{where}.prompt", base)
+    raw_out = section.get("output_tokens", 128)
+    from_dataset = raw_out == "dataset"
+    if from_dataset and prompt.source != "sharegpt":
+        raise ProfileError(f"{where}.output_tokens: 'dataset' needs prompt.source sharegpt")
+    temperature = section.get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
+        raise ProfileError(f"{where}.temperature: must be a number in [0, 2], got {temperature!r}")
+    images = Images()
+    if section.get("images") is not None:
+        isec = _mapping(section["images"], f"{where}.images")
+        _check_keys(isec, {"count", "width", "height"}, f"{where}.images")
+        images = Images(
+            count=_integer(isec, "count", f"{where}.images", 1, lo=0),
+            width=_integer(isec, "width", f"{where}.images", 512),
+            height=_integer(isec, "height", f"{where}.images", 512),
+        )
+        if images.width > 8192 or images.height > 8192:
+            raise ProfileError(f"{where}.images: width and height must be <= 8192")
+        if images.count and endpoint != "chat":
+            raise ProfileError(f"{where}.images: image parts need endpoint chat")
+    prefix = None
+    if section.get("prefix") is not None:
+        psec = _mapping(section["prefix"], f"{where}.prefix")
+        _check_keys(psec, {"count", "tokens"}, f"{where}.prefix")
+        prefix = Prefix(_integer(psec, "count", f"{where}.prefix", 1), _integer(psec, "tokens", f"{where}.prefix"))
+    return Traffic(
+        name=_name(section, where),
+        weight=_number(section, "weight", where, 1.0),
+        endpoint=endpoint,
+        model=model,
+        priority=priority,
+        prompt=prompt,
+        output_tokens=None if from_dataset else _length(raw_out, f"{where}.output_tokens"),
+        output_from_dataset=from_dataset,
+        ignore_eos=_bool(section, "ignore_eos", where, True),
+        temperature=float(temperature),
+        images=images,
+        prefix=prefix,
+    )
+
+
+_STAGE_KEYS = {
+    "name",
+    "warmup",
+    "users",
+    "rate",
+    "arrival",
+    "max_concurrency",
+    "spawn_rate",
+    "duration",
+    "until_requests",
+    "max_duration",
+    "spikes",
+}
+
+
+def _stage(section: dict[str, Any], where: str) -> Stage:
+    _check_keys(section, _STAGE_KEYS, where)
+    name = _name(section, where)
+    has_users, has_rate = section.get("users") is not None, section.get("rate") is not None
+    if has_users == has_rate:
+        raise ProfileError(f"{where}: set exactly one of users (closed loop) or rate (open loop, req/s)")
+    if has_users and ("arrival" in section or "max_concurrency" in section):
+        raise ProfileError(f"{where}: arrival and max_concurrency apply to open-loop (rate) stages only")
+    arrival = section.get("arrival", "poisson")
+    if arrival not in ("constant", "poisson"):
+        raise ProfileError(f"{where}.arrival: must be constant or poisson, got {arrival!r}")
+    duration = _opt_number(section, "duration", where)
+    until = None if section.get("until_requests") is None else _integer(section, "until_requests", where)
+    if duration is None and until is None:
+        raise ProfileError(f"{where}: set duration (seconds) or until_requests (completed requests), or both")
+    return Stage(
+        name=name,
+        warmup=_bool(section, "warmup", where, False),
+        users=_integer(section, "users", where) if has_users else None,
+        rate=_number(section, "rate", where) if has_rate else None,
+        arrival=arrival,
+        max_concurrency=_integer(section, "max_concurrency", where, 256),
+        spawn_rate=_opt_number(section, "spawn_rate", where),
+        duration=duration,
+        until_requests=until,
+        max_duration=_number(section, "max_duration", where, 600.0),
+    )
+
+
+def _expand_spikes(section: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """``spikes: {count, baseline, duration, factor}`` → baseline/spike/.../baseline stages."""
+    spikes = _mapping(section["spikes"], f"{where}.spikes")
+    _check_keys(spikes, {"count", "baseline", "duration", "factor"}, f"{where}.spikes")
+    if section.get("users") is None:
+        raise ProfileError(f"{where}.spikes: needs a closed-loop stage (users)")
+    for key in ("duration", "until_requests", "warmup"):
+        if section.get(key) not in (None, False):
+            raise ProfileError(f"{where}.{key}: not allowed with spikes (the spikes define the stage lengths)")
+    count = _integer(spikes, "count", f"{where}.spikes")
+    baseline = _number(spikes, "baseline", f"{where}.spikes")
+    spike_s = _number(spikes, "duration", f"{where}.spikes")
+    factor = _number(spikes, "factor", f"{where}.spikes")
+    users = _integer(section, "users", where)
+    name = _name(section, where)
+    rest = {k: v for k, v in section.items() if k not in ("spikes", "name", "users")}
+    out: list[dict[str, Any]] = []
+    for i in range(1, count + 1):
+        out.append({**rest, "name": f"{name}-baseline-{i}", "users": users, "duration": baseline})
+        out.append({**rest, "name": f"{name}-spike-{i}", "users": max(1, round(users * factor)), "duration": spike_s})
+    out.append({**rest, "name": f"{name}-baseline-{count + 1}", "users": users, "duration": baseline})
+    return out
+
+
+def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, sha256: str = "") -> Profile:
+    """Validate a parsed YAML document. ``base`` resolves relative dataset paths."""
+    top = _mapping(doc, source)
+    _check_keys(
+        top,
+        {
+            "version",
+            "name",
+            "description",
+            "seed",
+            "defaults",
+            "traffic",
+            "stages",
+            "request_timeout_s",
+            "stop_timeout_s",
+        },
+        "profile",
+    )
+    if top.get("version") != SCHEMA_VERSION:
+        raise ProfileError(f"version: must be {SCHEMA_VERSION}, got {top.get('version')!r}")
+    name = _name(top, "profile")
+    defaults = _mapping(top.get("defaults") or {}, "defaults")
+    raw_traffic = top.get("traffic")
+    if not isinstance(raw_traffic, list) or not raw_traffic:
+        raise ProfileError("traffic: must be a non-empty list")
+    traffic = tuple(_traffic(t, f"traffic[{i}]", defaults, base) for i, t in enumerate(raw_traffic))
+    names = [t.name for t in traffic]
+    if len(set(names)) != len(names):
+        raise ProfileError(f"traffic: duplicate names {sorted({n for n in names if names.count(n) > 1})}")
+    raw_stages = top.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise ProfileError("stages: must be a non-empty list")
+    stages: list[Stage] = []
+    for i, raw in enumerate(raw_stages):
+        where = f"stages[{i}]"
+        section = _mapping(raw, where)
+        expanded = _expand_spikes(section, where) if section.get("spikes") is not None else [section]
+        stages.extend(_stage(s, where) for s in expanded)
+    stage_names = [s.name for s in stages]
+    if len(set(stage_names)) != len(stage_names):
+        raise ProfileError(f"stages: duplicate names {sorted({n for n in stage_names if stage_names.count(n) > 1})}")
+    if all(s.warmup for s in stages):
+        raise ProfileError("stages: every stage is a warmup stage; nothing would be measured")
+    seed = top.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ProfileError(f"seed: must be an integer >= 0, got {seed!r}")
+    description = top.get("description", "")
+    return Profile(
+        name=name,
+        description=str(description).strip(),
+        seed=seed,
+        request_timeout_s=_number(top, "request_timeout_s", "profile", 600.0),
+        stop_timeout_s=_number(top, "stop_timeout_s", "profile", 30.0, lo=-1e-9),
+        traffic=traffic,
+        stages=tuple(stages),
+        source=source,
+        sha256=sha256,
+    )
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """A packaged profile name (``quick``) or a path to a YAML file."""
+    if name_or_path and _NAME.match(name_or_path) and not name_or_path.endswith((".yaml", ".yml")):
+        packaged = PROFILE_DIR / f"{name_or_path}.yaml"
+        if packaged.is_file():
+            return packaged
+        raise ProfileError(f"unknown profile {name_or_path!r} (packaged: {', '.join(available_profiles())})")
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ProfileError(f"profile file not found: {name_or_path}")
+    return path
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load and validate a profile by packaged name or path. Raises :class:`ProfileError`."""
+    path = resolve_profile_path(name_or_path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ProfileError(f"cannot read profile {path}: {err.strerror}") from err
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ProfileError(f"{path}: not valid YAML: {err}") from err
+    try:
+        return parse_profile(doc, str(path), base=path.parent, sha256=hashlib.sha256(raw).hexdigest())
+    except ProfileError as err:
+        raise ProfileError(f"profile {path.name}: {err}") from err

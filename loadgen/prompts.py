@@ -1,0 +1,368 @@
+"""Request bodies: the weighted traffic mix, synthetic or ShareGPT prompts, images, shared prefixes.
+
+Deterministic under a seed: the k-th request a load-generator process builds is the same in every run with
+the same profile, seed and process index (worker index in distributed mode). The traffic entry is chosen by
+smooth weighted round robin, so a 15 % share is exactly 15 of every 100 requests, interleaved, not 15 % on
+average; lengths and words come from a ``random.Random`` seeded with (seed, process, k).
+
+Synthetic text is made of two- and three-letter English words, each one token (with its leading space) in
+common BPE vocabularies and in the simulator's tokenizer, so ``tokens: {mean: 256}`` gives prompts of about
+256 tokens plus the chat template. The server's ``usage.prompt_tokens`` is what the results report.
+
+Usage::
+
+    factory = PromptFactory(profile, seed=42, process_index=0)
+    req = factory.next(default_model="tiny")
+    req.path, req.body                    # '/v1/chat/completions', b'{"model": "tiny", ...}'
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import random
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.profile import Profile, Traffic
+
+WORDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [
+            "the",
+            "of",
+            "and",
+            "to",
+            "in",
+            "is",
+            "it",
+            "you",
+            "was",
+            "for",
+            "on",
+            "are",
+            "as",
+            "his",
+            "at",
+            "be",
+            "or",
+            "one",
+            "had",
+            "by",
+            "but",
+            "not",
+            "all",
+            "we",
+            "can",
+            "an",
+            "do",
+            "how",
+            "if",
+            "up",
+            "out",
+            "so",
+            "her",
+            "him",
+            "its",
+            "now",
+            "use",
+            "two",
+            "see",
+            "way",
+            "who",
+            "no",
+            "may",
+            "day",
+            "get",
+            "did",
+            "new",
+            "old",
+            "any",
+            "man",
+            "our",
+            "say",
+            "she",
+            "too",
+            "own",
+            "set",
+            "put",
+            "why",
+            "let",
+            "big",
+            "ask",
+            "men",
+            "few",
+            "got",
+            "run",
+            "six",
+            "ten",
+            "top",
+            "yes",
+            "yet",
+            "sun",
+            "sea",
+            "air",
+            "map",
+            "box",
+            "car",
+            "dog",
+            "cat",
+            "red",
+            "hot",
+            "low",
+            "far",
+            "off",
+            "act",
+            "add",
+            "age",
+            "ago",
+            "bad",
+            "bed",
+            "bit",
+            "buy",
+            "cut",
+            "die",
+            "eat",
+            "eye",
+            "fit",
+            "fly",
+            "fun",
+            "gas",
+            "gun",
+            "hit",
+            "job",
+            "key",
+            "kid",
+            "law",
+            "lay",
+            "leg",
+            "lie",
+            "lot",
+            "mix",
+            "oil",
+            "pay",
+            "per",
+            "raw",
+            "sit",
+            "sky",
+            "son",
+            "tax",
+            "tea",
+            "war",
+            "win",
+            "art",
+            "arm",
+            "bag",
+            "bar",
+            "bus",
+            "cup",
+            "dry",
+            "due",
+            "egg",
+            "fan",
+            "fix",
+            "gap",
+            "hat",
+            "ice",
+            "joy",
+            "lab",
+            "lip",
+            "mad",
+            "net",
+            "nor",
+            "nut",
+            "odd",
+            "pan",
+            "pen",
+            "pet",
+            "pin",
+            "pot",
+            "row",
+            "sad",
+            "tip",
+            "toy",
+            "van",
+            "web",
+        ]
+    )
+)
+"""Every word has at most three letters: with its leading space, one token in BPE vocabularies."""
+
+IMAGE_VARIANTS = 8
+"""Distinct synthetic images per resolution (cached; each request picks one)."""
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    traffic: Traffic
+    path: str
+    body: bytes
+    model: str
+    max_tokens: int
+    index: int
+
+
+class SmoothWeightedRoundRobin:
+    """nginx's smooth weighted round robin: exact shares over every cycle, evenly interleaved."""
+
+    def __init__(self, weights: list[float]) -> None:
+        if not weights or any(w <= 0 for w in weights):
+            raise ValueError("weights must be positive")
+        self.weights = weights
+        self.total = sum(weights)
+        self.current = [0.0] * len(weights)
+
+    def next(self) -> int:
+        best = 0
+        for i, w in enumerate(self.weights):
+            self.current[i] += w
+            if self.current[i] > self.current[best]:
+                best = i
+        self.current[best] -= self.total
+        return best
+
+
+def synthetic_text(rng: random.Random, tokens: int) -> str:
+    return " ".join(rng.choices(WORDS, k=max(1, tokens)))
+
+
+@functools.lru_cache(maxsize=64)
+def png_data_url(width: int, height: int, variant: int = 0) -> str:
+    """A ``data:image/png;base64,...`` URL of a noisy ``width`` × ``height`` RGB image.
+
+    Rows repeat with a period of 8 so the PNG stays small (about 8 rows of noise) while every variant differs.
+    """
+    rng = random.Random(f"png:{width}:{height}:{variant}")
+    row_bytes = width * 3
+    rows = [b"\x00" + rng.randbytes(row_bytes) for _ in range(8)]
+    raw = b"".join(rows[y % 8] for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+@functools.lru_cache(maxsize=16)
+def load_sharegpt(path: Path) -> tuple[tuple[str, int], ...]:
+    """(first human turn, estimated tokens of the reply) for every usable conversation in a ShareGPT file."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read ShareGPT file {path}: {err}") from err
+    if not isinstance(doc, list):
+        raise ValueError(f"ShareGPT file {path}: top level must be a list of conversations")
+    out: list[tuple[str, int]] = []
+    for item in doc:
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            continue
+        prompt = reply = None
+        for turn in turns:
+            if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+                continue
+            who = turn.get("from")
+            if prompt is None and who in ("human", "user"):
+                prompt = turn["value"]
+            elif prompt is not None and who in ("gpt", "assistant", "chatgpt"):
+                reply = turn["value"]
+                break
+        if prompt and reply is not None:
+            out.append((prompt, max(1, min(4096, round(len(reply) / 4)))))
+    if not out:
+        raise ValueError(f"ShareGPT file {path}: no conversation with a human turn followed by a reply")
+    return tuple(out)
+
+
+class PromptFactory:
+    def __init__(self, profile: Profile, *, seed: int, process_index: int = 0) -> None:
+        self.profile = profile
+        self.seed = seed
+        self.process_index = process_index
+        self._wrr = SmoothWeightedRoundRobin([t.weight for t in profile.traffic])
+        self._k = 0
+        self._prefixes: dict[str, list[str]] = {}
+        self._datasets: dict[str, list[tuple[str, int]]] = {}
+        self._dataset_pos: dict[str, int] = {}
+        for t in profile.traffic:
+            if t.prefix is not None:
+                self._prefixes[t.name] = [
+                    synthetic_text(random.Random(f"prefix:{seed}:{t.name}:{i}"), t.prefix.tokens)
+                    for i in range(t.prefix.count)
+                ]
+            if t.prompt.source == "sharegpt" and t.prompt.path is not None:
+                items = list(load_sharegpt(t.prompt.path))
+                random.Random(f"sharegpt:{seed}:{t.name}").shuffle(items)
+                self._datasets[t.name] = items
+                # Processes start at different offsets so workers do not send the same conversations.
+                self._dataset_pos[t.name] = (process_index * 7919) % len(items)
+
+    def next(self, default_model: str) -> PreparedRequest:
+        k = self._k
+        self._k += 1
+        traffic = self.profile.traffic[self._wrr.next()]
+        rng = random.Random(f"req:{self.seed}:{self.process_index}:{k}")
+        model = traffic.model or default_model
+        if traffic.prompt.source == "sharegpt":
+            items = self._datasets[traffic.name]
+            pos = self._dataset_pos[traffic.name]
+            self._dataset_pos[traffic.name] = pos + 1
+            text, reply_tokens = items[pos % len(items)]
+        else:
+            text = synthetic_text(rng, traffic.prompt.tokens.sample(rng.gauss))
+            reply_tokens = 0
+        if traffic.output_from_dataset:
+            max_tokens = reply_tokens
+        else:
+            assert traffic.output_tokens is not None
+            max_tokens = traffic.output_tokens.sample(rng.gauss)
+        prefixes = self._prefixes.get(traffic.name)
+        prefix = prefixes[rng.randrange(len(prefixes))] if prefixes else None
+        body: dict[str, Any] = {"model": model}
+        if traffic.endpoint == "chat":
+            messages: list[dict[str, Any]] = []
+            if prefix is not None:
+                messages.append({"role": "system", "content": prefix})
+            if traffic.images.count:
+                parts: list[dict[str, Any]] = [
+                    {
+                        "type": "image_url",
+                        "image_url": {
+                            "url": png_data_url(
+                                traffic.images.width, traffic.images.height, rng.randrange(IMAGE_VARIANTS)
+                            )
+                        },
+                    }
+                    for _ in range(traffic.images.count)
+                ]
+                parts.append({"type": "text", "text": text})
+                messages.append({"role": "user", "content": parts})
+            else:
+                messages.append({"role": "user", "content": text})
+            body["messages"] = messages
+        else:
+            body["prompt"] = text if prefix is None else f"{prefix}\n{text}"
+        body["max_tokens"] = max_tokens
+        body["temperature"] = traffic.temperature
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        if traffic.ignore_eos:
+            body["ignore_eos"] = True
+        if traffic.priority is not None:
+            body["priority"] = traffic.priority
+        return PreparedRequest(
+            traffic=traffic,
+            path=PATHS[traffic.endpoint],
+            body=json.dumps(body, separators=(",", ":")).encode(),
+            model=model,
+            max_tokens=max_tokens,
+            index=k,
+        )

@@ -1,0 +1,229 @@
+"""Turn an OpenAI streaming response, one SSE line at a time with its arrival time, into a RequestRecord.
+
+The parser is transport-free so that it is tested exactly with scripted lines and times. The caller reads
+the socket line by line as bytes arrive and calls :meth:`StreamParser.feed` with ``time.perf_counter()``
+taken right after each line; reading in fixed blocks would batch several events under one timestamp.
+
+Usage::
+
+    parser = StreamParser(chat=True, start=intended_start)
+    for line in lines:                       # b'data: {...}\\n', b'\\n', b'data: [DONE]\\n'
+        if parser.feed(line, time.perf_counter()):
+            break
+    record = parser.finish(time.perf_counter())
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from loadgen.record import RequestRecord
+
+_loads = json.loads
+_COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens":(\d+)')
+
+
+_ABSENT, _EMPTY, _NON_EMPTY, _NOT_COMPACT = object(), object(), object(), object()
+
+
+def _string_start(payload: bytes, key: bytes) -> object:
+    """Whether ``key`` holds a non-empty string, an empty one or null, is absent, or is not compact JSON."""
+    j = payload.find(key)
+    if j < 0:
+        return _ABSENT
+    start = j + len(key)
+    head = payload[start : start + 3]
+    if head[:1] != b":":
+        return _NOT_COMPACT
+    if head[1:2] == b"n":
+        return _EMPTY  # null
+    if head[1:2] != b'"':
+        return _NOT_COMPACT
+    return _EMPTY if head == b':""' else _NON_EMPTY
+
+
+def _fast_fields(payload: bytes, chat: bool) -> tuple[bool, bool, int | None, int | None] | None:
+    """(has choices, non-empty text, completion_tokens, prompt_tokens) by byte search, or None to parse JSON.
+
+    Safe on compact JSON (vLLM, OpenAI, loadlens): a key pattern such as ``"text":`` cannot occur inside a
+    string value, where every quote is escaped, and each of these keys occurs once per chunk. Anything
+    unusual (spaces after colons, an error object, no choices key) returns None and takes the json.loads path.
+    Parsing dominates the client's cost per token; this keeps it at about a microsecond.
+    """
+    if b'"error"' in payload:
+        return None
+    i = payload.find(b'"choices":')
+    if i < 0 or payload[i + 10 : i + 11] != b"[":
+        return None
+    if payload[i + 11 : i + 12] == b"]":
+        has_choices, nonempty = False, False
+    else:
+        has_choices = True
+        value = _string_start(payload, b'"content"' if chat else b'"text"')
+        if value is _NOT_COMPACT or (value is _ABSENT and not chat):
+            return None
+        nonempty = value is _NON_EMPTY
+        if chat and not nonempty:
+            reasoning = _string_start(payload, b'"reasoning_content"')
+            if reasoning is _NOT_COMPACT:
+                return None
+            nonempty = reasoning is _NON_EMPTY
+    c = _COMPLETION.search(payload)
+    if c is None and b'"completion_tokens"' in payload:
+        return None
+    p = _PROMPT.search(payload)
+    if p is None and b'"prompt_tokens"' in payload:
+        return None
+    return has_choices, nonempty, None if c is None else int(c.group(1)), None if p is None else int(p.group(1))
+
+
+class StreamParser:
+    """Definitions (docs/loadgen.md):
+
+    - TTFT: first chunk whose ``content`` (chat; or ``reasoning_content``) or ``text`` (completions) is non-empty;
+      a role-only or empty first chunk does not count.
+    - per-token ITL: when chunks carry ``usage.completion_tokens`` (continuous usage stats), a chunk that raises
+      the count by k after a gap g since the previous token-bearing chunk gives k samples of g / k.
+    - chunk gaps: time between consecutive non-empty content chunks (reported separately; the ITL fallback).
+    - E2E: intended start to ``[DONE]`` (or to the end of the body when a server omits it).
+    """
+
+    __slots__ = (
+        "chat",
+        "start",
+        "first",
+        "last_content",
+        "last_token_time",
+        "tokens",
+        "usage_tokens",
+        "prompt_tokens",
+        "final_usage",
+        "continuous",
+        "itl",
+        "gaps",
+        "chunks",
+        "done",
+        "error",
+    )
+
+    def __init__(self, *, chat: bool, start: float) -> None:
+        self.chat = chat
+        self.start = start
+        self.first: float | None = None
+        self.last_content: float | None = None
+        self.last_token_time: float | None = None
+        self.tokens = 0  # completion tokens seen so far (usage when present, else content chunks)
+        self.usage_tokens = 0
+        self.prompt_tokens = 0
+        self.final_usage: int | None = None
+        self.continuous = False
+        self.itl: list[tuple[float, int]] = []
+        self.gaps: list[float] = []
+        self.chunks = 0
+        self.done: float | None = None
+        self.error = ""
+
+    def feed(self, line: bytes, t: float) -> bool:
+        """Consume one line received at ``t``; True when the stream is finished (``[DONE]`` or an error)."""
+        if line[:5] != b"data:":
+            return False  # blank separators, comments (':'), event:/id: fields
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = t
+            return True
+        fields = _fast_fields(payload, self.chat)
+        if fields is None:
+            fields = self._slow_fields(payload)
+            if fields is None:
+                self.done = t
+                return True
+        has_choices, nonempty, count, prompt = fields
+        if not has_choices:
+            # The final include_usage chunk ("choices": []): totals only, never an ITL sample.
+            if count is not None:
+                self.final_usage = count
+            if prompt:
+                self.prompt_tokens = prompt
+            return False
+        if nonempty:
+            self.chunks += 1
+            if self.first is None:
+                self.first = t
+            else:
+                self.gaps.append(t - self.last_content)  # type: ignore[operator]
+            self.last_content = t
+            if not self.continuous:
+                self.tokens += 1
+        if count is not None:
+            if not self.continuous:
+                self.continuous = True
+                self.tokens = self.usage_tokens
+            if prompt:
+                self.prompt_tokens = prompt
+            new = count - self.usage_tokens
+            if new > 0:
+                if self.last_token_time is not None:
+                    self.itl.append(((t - self.last_token_time) / new, new))
+                self.last_token_time = t
+                self.usage_tokens = count
+                self.tokens = count
+        return False
+
+    def _slow_fields(self, payload: bytes) -> tuple[bool, bool, int | None, int | None] | None:
+        """The same fields through json.loads; None (with ``error`` set) for error events and bad JSON."""
+        try:
+            obj: dict[str, Any] = _loads(payload)
+        except ValueError:
+            self.error = "malformed SSE JSON"
+            return None
+        if not isinstance(obj, dict):
+            self.error = "malformed SSE JSON"
+            return None
+        err = obj.get("error")
+        if err is not None:
+            message = err.get("message", "") if isinstance(err, dict) else str(err)
+            kind = err.get("type", "error") if isinstance(err, dict) else "error"
+            self.error = f"{kind}: {str(message)[:120]}"
+            return None
+        choices = obj.get("choices")
+        usage = obj.get("usage") or {}
+        count = usage.get("completion_tokens")
+        prompt = usage.get("prompt_tokens")
+        if not choices:
+            return False, False, count, prompt
+        choice = choices[0]
+        if self.chat:
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or delta.get("reasoning_content")
+        else:
+            text = choice.get("text")
+        return True, bool(text), count, prompt
+
+    def finish(self, t_end: float, *, status: int = 200) -> RequestRecord:
+        """The record of a stream that ended at ``t_end`` (used when ``[DONE]`` never came)."""
+        end = self.done if self.done is not None else t_end
+        record = RequestRecord(status=status, chunks=self.chunks, prompt_tokens=self.prompt_tokens)
+        if self.error:
+            record.outcome, record.reason = "stream_error", self.error
+        elif self.done is None:
+            record.outcome, record.reason = "stream_error", "stream ended without [DONE]"
+        elif self.first is None:
+            record.outcome, record.reason = "stream_error", "no content in the stream"
+        if self.final_usage is not None:
+            n = self.final_usage
+            record.usage_reported = True
+        elif self.continuous:
+            n = self.usage_tokens
+            record.usage_reported = True
+        else:
+            n = self.tokens
+        record.output_tokens = n
+        record.ttft = None if self.first is None else self.first - self.start
+        record.e2e = end - self.start
+        record.chunk_gaps = self.gaps
+        record.itl = self.itl
+        record.itl_source = "usage" if self.continuous else "chunk"
+        return record

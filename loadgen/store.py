@@ -1,0 +1,404 @@
+"""Where measurements go: full-precision distributions and counters by (stage, priority class, model).
+
+Every distribution keeps three views of the same samples:
+
+- an HdrHistogram in microseconds (3 significant digits: quantiles within 0.05 %) for the results file;
+- exact count, sum, sum of squares, min and max (exact mean and standard deviation);
+- counts per Prometheus bucket of ``bounds`` (exact: each sample is placed with ``bisect``), for /metrics.
+
+In distributed mode each worker ships its store to the master as a delta every report interval
+(:meth:`Store.take_delta`) and the master adds it (:meth:`Store.merge`): histograms add exactly, so the merged
+quantiles are those of all samples, not an average of per-worker quantiles.
+
+Usage::
+
+    store = Store(bounds={"ttft": (0.1, 0.2, ...), ...})
+    store.record(record, key=("c8", "interactive", "tiny"), cls=slos.class_for_priority(0))
+    store.series[("c8", "interactive", "tiny")].dists["ttft"].quantile(0.99)
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from itertools import accumulate
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+from exporters.common.slo import PriorityClass
+from loadgen.record import OUTCOMES, SLO_NAMES, SUCCESS, RequestRecord, breaches
+
+HDR_LOWEST_US = 1
+HDR_HIGHEST_US = 3600 * 1_000_000
+"""One hour: longer samples are clamped (and counted in ``Dist.clamped``)."""
+HDR_DIGITS = 3
+
+METRICS: tuple[str, ...] = ("ttft", "itl", "chunk_itl", "tpot", "e2el", "dispatch_lag")
+"""Distribution names; ``e2el`` and ``itl`` follow ``vllm bench serve``'s result keys."""
+
+MAX_REASONS = 20
+"""Distinct failure reasons kept per series; the rest are counted under ``other``."""
+
+Key = tuple[str, str, str]
+"""(stage, priority_class, model_name)"""
+
+
+class Dist:
+    """One latency distribution in seconds. See the module docstring for its three views."""
+
+    __slots__ = (
+        "bounds",
+        "buckets",
+        "count",
+        "sum",
+        "sumsq",
+        "min",
+        "max",
+        "clamped",
+        "_hdr",
+        "_pending",
+        "_cum",
+        "_cum_n",
+    )
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)  # non-cumulative; last is (max bound, +Inf)
+        self.count = 0
+        self.sum = 0.0
+        self.sumsq = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.clamped = 0
+        self._hdr: HdrHistogram | None = None  # allocated on first use (about 190 KB)
+        self._pending: dict[int, int] = {}  # microseconds -> count, not yet in the HDR (see record)
+        self._cum: list[int] = []  # cumulative HDR counts, rebuilt when the count changed
+        self._cum_n = -1
+
+    @property
+    def hdr(self) -> HdrHistogram:
+        """The HdrHistogram with every sample recorded so far (pending samples are flushed into it first)."""
+        if self._hdr is None:
+            self._hdr = HdrHistogram(HDR_LOWEST_US, HDR_HIGHEST_US, HDR_DIGITS)
+        if self._pending:
+            record_value = self._hdr.record_value
+            for us, n in self._pending.items():
+                record_value(us, n)
+            self._pending.clear()
+        return self._hdr
+
+    def record(self, seconds: float, n: int = 1) -> None:
+        """Add ``n`` samples of ``seconds``. This runs once per streamed token, so the HDR update (several
+        microseconds in hdrh's pure Python) is deferred: samples collect per microsecond in a dict and are
+        added to the HDR in one call per distinct value when the histogram is read or shipped."""
+        if seconds < 0:
+            seconds = 0.0  # a clock can only make this happen by a few ns; never drop the sample
+        us = round(seconds * 1e6)
+        if us > HDR_HIGHEST_US:
+            us = HDR_HIGHEST_US
+            self.clamped += n
+        pending = self._pending
+        pending[us] = pending.get(us, 0) + n
+        self.buckets[bisect_left(self.bounds, seconds)] += n
+        self.count += n
+        self.sum += seconds * n
+        self.sumsq += seconds * seconds * n
+        if seconds < self.min:
+            self.min = seconds
+        if seconds > self.max:
+            self.max = seconds
+
+    def merge(self, other: Dist) -> None:
+        if other.count == 0:
+            return
+        if other.bounds != self.bounds:
+            raise ValueError("cannot merge distributions with different bucket bounds")
+        self.hdr.add(other.hdr)
+        for i, c in enumerate(other.buckets):
+            self.buckets[i] += c
+        self.count += other.count
+        self.sum += other.sum
+        self.sumsq += other.sumsq
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        self.clamped += other.clamped
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.count if self.count else math.nan
+
+    @property
+    def std(self) -> float:
+        if not self.count:
+            return math.nan
+        var = self.sumsq / self.count - self.mean**2
+        return math.sqrt(var) if var > 0 else 0.0
+
+    def quantile(self, q: float) -> float:
+        """Seconds at quantile ``q`` (0-1): the midpoint of the HDR bucket, kept inside the exact [min, max]."""
+        if not self.count:
+            return math.nan
+        hdr = self.hdr
+        if self._cum_n != self.count:
+            # hdrh's get_value_at_percentile walks the counts in Python (~7 ms); accumulate runs in C.
+            self._cum = list(accumulate(hdr.counts))
+            self._cum_n = self.count
+        target = max(1, int(q * self.count + 0.5))  # the rank hdrh's get_value_at_percentile uses
+        v = hdr.get_value_from_index(min(bisect_left(self._cum, target), len(self._cum) - 1))
+        mid = (hdr.get_lowest_equivalent_value(v) + hdr.get_highest_equivalent_value(v)) / 2.0
+        return float(min(self.max, max(self.min, mid / 1e6)))
+
+    def cumulative(self) -> list[int]:
+        """Prometheus ``_bucket`` values for ``bounds`` then +Inf."""
+        out: list[int] = []
+        running = 0
+        for c in self.buckets:
+            running += c
+            out.append(running)
+        return out
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "hdr": self.hdr.encode().decode("ascii") if self.count else "",
+            "buckets": self.buckets,
+            "count": self.count,
+            "sum": self.sum,
+            "sumsq": self.sumsq,
+            "min": self.min if self.count else None,
+            "max": self.max if self.count else None,
+            "clamped": self.clamped,
+        }
+
+    @classmethod
+    def from_wire(cls, bounds: tuple[float, ...], doc: Mapping[str, Any]) -> Dist:
+        dist = cls(bounds)
+        if not doc.get("count"):
+            return dist
+        dist._hdr = HdrHistogram.decode(doc["hdr"].encode("ascii"))
+        if len(doc["buckets"]) != len(dist.buckets):
+            raise ValueError("bucket layout differs between load generator processes")
+        dist.buckets = [int(c) for c in doc["buckets"]]
+        dist.count = int(doc["count"])
+        dist.sum = float(doc["sum"])
+        dist.sumsq = float(doc["sumsq"])
+        dist.min = float(doc["min"])
+        dist.max = float(doc["max"])
+        dist.clamped = int(doc.get("clamped", 0))
+        return dist
+
+
+class Series:
+    """Everything measured for one (stage, priority_class, model_name)."""
+
+    __slots__ = (
+        "dists",
+        "outcomes",
+        "input_tokens",
+        "output_tokens",
+        "goodput",
+        "slo_breaches",
+        "itl_fallback",
+        "reasons",
+        "bounds",
+    )
+
+    def __init__(self, bounds: Mapping[str, tuple[float, ...]]) -> None:
+        self.bounds = bounds
+        self.dists = {m: Dist(bounds[m]) for m in METRICS}
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.goodput = 0
+        self.slo_breaches: dict[str, int] = dict.fromkeys(SLO_NAMES, 0)
+        self.itl_fallback = 0
+        self.reasons: Counter[str] = Counter()
+
+    def add(self, record: RequestRecord, cls: PriorityClass) -> list[str]:
+        """Count one finished request; returns the SLOs it missed (empty for failures, which are not judged)."""
+        self.outcomes[record.outcome] = self.outcomes.get(record.outcome, 0) + 1
+        if record.dispatch_lag is not None:
+            self.dists["dispatch_lag"].record(record.dispatch_lag)
+        if record.outcome != SUCCESS:
+            if record.outcome != "cancelled":
+                reason = record.reason or record.outcome
+                if reason not in self.reasons and len(self.reasons) >= MAX_REASONS:
+                    reason = "other"
+                self.reasons[reason] += 1
+            return []
+        d = self.dists
+        if record.ttft is not None:
+            d["ttft"].record(record.ttft)
+        if record.e2e is not None:
+            d["e2el"].record(record.e2e)
+        tpot = record.tpot
+        if tpot is not None:
+            d["tpot"].record(tpot)
+        itl = d["itl"]
+        for gap, n in record.itl_samples():
+            itl.record(gap, n)
+        chunk = d["chunk_itl"]
+        for gap in record.chunk_gaps:
+            chunk.record(gap)
+        if record.itl_source != "usage":
+            self.itl_fallback += 1
+        self.input_tokens += record.prompt_tokens
+        self.output_tokens += record.output_tokens
+        missed = breaches(record, cls)
+        for slo in missed:
+            self.slo_breaches[slo] += 1
+        if not missed:
+            self.goodput += 1
+        return missed
+
+    def merge(self, other: Series) -> None:
+        for m, dist in other.dists.items():
+            self.dists[m].merge(dist)
+        for k, v in other.outcomes.items():
+            self.outcomes[k] = self.outcomes.get(k, 0) + v
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.goodput += other.goodput
+        for k, v in other.slo_breaches.items():
+            self.slo_breaches[k] = self.slo_breaches.get(k, 0) + v
+        self.itl_fallback += other.itl_fallback
+        for reason, n in other.reasons.items():
+            if reason not in self.reasons and len(self.reasons) >= MAX_REASONS:
+                reason = "other"
+            self.reasons[reason] += n
+
+    @property
+    def completed(self) -> int:
+        return self.outcomes.get(SUCCESS, 0)
+
+    @property
+    def failed(self) -> int:
+        return sum(v for k, v in self.outcomes.items() if k not in (SUCCESS, "cancelled"))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "dists": {m: d.to_wire() for m, d in self.dists.items() if d.count},
+            "outcomes": {k: v for k, v in self.outcomes.items() if v},
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "goodput": self.goodput,
+            "slo_breaches": self.slo_breaches,
+            "itl_fallback": self.itl_fallback,
+            "reasons": dict(self.reasons),
+        }
+
+    @classmethod
+    def from_wire(cls, bounds: Mapping[str, tuple[float, ...]], doc: Mapping[str, Any]) -> Series:
+        s = cls(bounds)
+        for m, d in doc.get("dists", {}).items():
+            if m in s.dists:
+                s.dists[m] = Dist.from_wire(bounds[m], d)
+        for k, v in doc.get("outcomes", {}).items():
+            s.outcomes[k] = s.outcomes.get(k, 0) + int(v)
+        s.input_tokens = int(doc.get("input_tokens", 0))
+        s.output_tokens = int(doc.get("output_tokens", 0))
+        s.goodput = int(doc.get("goodput", 0))
+        for k, v in doc.get("slo_breaches", {}).items():
+            s.slo_breaches[k] = int(v)
+        s.itl_fallback = int(doc.get("itl_fallback", 0))
+        s.reasons.update({str(k): int(v) for k, v in doc.get("reasons", {}).items()})
+        return s
+
+
+class Store:
+    """All series of a run, plus per-stage token arrivals (``window_tokens``) and tokens per wall second."""
+
+    def __init__(self, bounds: Mapping[str, tuple[float, ...]]) -> None:
+        missing = set(METRICS) - set(bounds)
+        if missing:
+            raise ValueError(f"bucket bounds missing for {sorted(missing)}")
+        self.bounds = dict(bounds)
+        self.series: dict[Key, Series] = {}
+        self.window_tokens: Counter[str] = Counter()
+        """Output tokens that *arrived* while each stage was current (whatever stage their request began in)."""
+        self.tokens_by_second: Counter[int] = Counter()
+        """Output tokens by arrival wall-clock second (``int(time.time())``), for max_output_tokens_per_s."""
+        self.cpu_seconds: defaultdict[str, float] = defaultdict(float)
+        self.loop_lag: dict[str, Dist] = {}
+        """How late the load generator's event loop woke from 5 ms sleeps, per stage window: every timestamp the
+        client takes can be late by as much, so its p99 bounds the client's own measurement error."""
+        """CPU time the load-generator processes spent while each stage was current (summed over processes)."""
+
+    def lag(self, window: str) -> Dist:
+        dist = self.loop_lag.get(window)
+        if dist is None:
+            dist = self.loop_lag[window] = Dist(self.bounds["dispatch_lag"])
+        return dist
+
+    def get(self, key: Key) -> Series:
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = Series(self.bounds)
+        return series
+
+    def seed(self, keys: Iterable[Key]) -> None:
+        """Create empty series so that every expected label set is exported as zero from the start."""
+        for key in keys:
+            self.get(key)
+
+    def record(self, record: RequestRecord, key: Key, cls: PriorityClass) -> list[str]:
+        return self.get(key).add(record, cls)
+
+    def completed(self, stage: str | None = None) -> int:
+        return sum(s.completed for k, s in self.series.items() if stage is None or k[0] == stage)
+
+    def finished(self, stage: str | None = None) -> int:
+        """Requests that ended in any way except being cancelled by the load generator."""
+        return sum(s.completed + s.failed for k, s in self.series.items() if stage is None or k[0] == stage)
+
+    def merged(self, keys: Iterable[Key]) -> Series:
+        out = Series(self.bounds)
+        for key in keys:
+            if key in self.series:
+                out.merge(self.series[key])
+        return out
+
+    def merge(self, other: Store) -> None:
+        for key, series in other.series.items():
+            self.get(key).merge(series)
+        self.window_tokens.update(other.window_tokens)
+        self.tokens_by_second.update(other.tokens_by_second)
+        for stage, seconds in other.cpu_seconds.items():
+            self.cpu_seconds[stage] += seconds
+        for stage, dist in other.loop_lag.items():
+            self.lag(stage).merge(dist)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "series": [[list(k), s.to_wire()] for k, s in self.series.items()],
+            "window_tokens": dict(self.window_tokens),
+            "tokens_by_second": {str(k): v for k, v in self.tokens_by_second.items()},
+            "cpu_seconds": dict(self.cpu_seconds),
+            "loop_lag": {k: d.to_wire() for k, d in self.loop_lag.items() if d.count},
+        }
+
+    @classmethod
+    def from_wire(cls, bounds: Mapping[str, tuple[float, ...]], doc: Mapping[str, Any]) -> Store:
+        store = cls(bounds)
+        for raw_key, sdoc in doc.get("series", []):
+            key = (str(raw_key[0]), str(raw_key[1]), str(raw_key[2]))
+            store.series[key] = Series.from_wire(store.bounds, sdoc)
+        store.window_tokens.update({str(k): int(v) for k, v in doc.get("window_tokens", {}).items()})
+        store.tokens_by_second.update({int(k): int(v) for k, v in doc.get("tokens_by_second", {}).items()})
+        for k, v in doc.get("cpu_seconds", {}).items():
+            store.cpu_seconds[str(k)] += float(v)
+        for k, d in doc.get("loop_lag", {}).items():
+            store.loop_lag[str(k)] = Dist.from_wire(store.bounds["dispatch_lag"], d)
+        return store
+
+    def take_delta(self) -> dict[str, Any]:
+        """Everything recorded since the last call, as a wire document; the store starts empty again."""
+        doc = self.to_wire()
+        self.series = {}
+        self.window_tokens = Counter()
+        self.tokens_by_second = Counter()
+        self.cpu_seconds = defaultdict(float)
+        self.loop_lag = {}
+        return doc

@@ -1,0 +1,125 @@
+"""`loadlens load` arguments: env variables, exit 2 with the field for bad input, fast failure for a dead target."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporters.cli import build_parser
+from exporters.common.net import free_port
+from loadgen.cli import build_command
+from tests.loadgen.conftest import ROOT, loadlens, run_child, write_profile
+
+
+def load_parser() -> Any:
+    parser = build_parser()
+    sub: Any = parser._subparsers._group_actions[0]  # type: ignore[union-attr]
+    return sub.choices["load"]
+
+
+def test_every_flag_has_its_env_variable() -> None:
+    load = load_parser()
+    flags = [a for a in load._actions if a.option_strings and a.dest not in ("help", "list_profiles")]
+    assert {a.dest for a in flags} >= {
+        "profile", "host", "model", "headless", "users_scale", "time_scale", "results", "prometheus", "seed",
+    }  # fmt: skip
+    for action in flags:
+        assert f"[env: LOADLENS_LOAD_{action.dest.upper()}]" in action.help, action.dest
+
+
+def test_env_sets_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOADLENS_LOAD_PROFILE", "burst")
+    monkeypatch.setenv("LOADLENS_LOAD_TIME_SCALE", "0.5")
+    monkeypatch.setenv("LOADLENS_LOAD_LOG_LEVEL", "info")  # the serve command's lower-case spelling works too
+    args = build_parser().parse_args(["load"])
+    assert (args.profile, args.time_scale, args.log_level) == ("burst", 0.5, "INFO")
+
+
+def test_locust_command_line() -> None:
+    args = build_parser().parse_args(
+        ["load", "--host", "http://h:1/v1/", "--headless", "--workers", "2", "--csv", "--html", "--seed", "7"]
+    )
+    assert args.host == "http://h:1/v1"
+    cmd = build_command(args, Path("p.yaml"), "m", "run1")
+    assert cmd[1:3] == ["-m", "locust"] and "--headless" in cmd
+    joined = " ".join(cmd)
+    assert "--processes 2" in joined and "--model m" in joined and "--seed 7" in joined
+    assert "--csv results/run1/locust" in joined and "--html results/run1/locust_report.html" in joined
+    worker = build_command(build_parser().parse_args(["load", "--master-host", "10.0.0.1"]), Path("p"), None, "r")
+    assert "--worker" in worker and "--headless" not in worker
+
+
+def test_invalid_profile_exits_2_naming_the_field(tmp_path: Path) -> None:
+    bad = write_profile(
+        tmp_path / "bad.yaml", {"traffic": [{"name": "a"}], "stages": [{"name": "s", "users": 0, "duration": 1}]}
+    )
+    proc = run_child(loadlens("--profile", str(bad), "--headless"), timeout=20)
+    assert proc.returncode == 2
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "loadlens load: error: profile bad.yaml: stages[0].users: must be >= 1, got 0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--profile", "nope"], "unknown profile 'nope'"),
+        (["--host", "localhost:8000"], "must be an http(s) URL"),
+        (["--time-scale", "0"], "must be a positive finite number"),
+        (["--workers", "2", "--expect-workers", "2"], "use either --workers"),
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], needle: str) -> None:
+    proc = run_child(loadlens(*argv), timeout=20)
+    assert proc.returncode == 2 and needle in proc.stdout
+
+
+def test_unreachable_target_fails_fast() -> None:
+    started = time.monotonic()
+    proc = run_child(loadlens("--host", f"http://127.0.0.1:{free_port()}", "--headless"), timeout=20)
+    assert proc.returncode == 1
+    assert "loadlens load: error: cannot reach target http://127.0.0.1:" in proc.stdout
+    assert time.monotonic() - started < 10
+
+
+def test_dry_run_prints_the_plan() -> None:
+    proc = run_child(loadlens("--profile", "seed-stress", "--dry-run", "--time-scale", "0.5"), timeout=20)
+    assert proc.returncode == 0
+    assert "2. c8: 8 users, 90 s" in proc.stdout
+    assert "1. warmup: 4 users, until 100 requests (warmup, excluded)" in proc.stdout
+    assert "long-tail 15%" in proc.stdout
+
+
+def test_plain_locust_rejects_a_bad_profile_with_exit_2(tmp_path: Path) -> None:
+    bad = write_profile(tmp_path / "bad.yaml", {"traffic": [], "stages": []})
+    proc = run_child(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(ROOT / "loadgen/locustfile.py"),
+            "--headless",
+            "--load-profile",
+            str(bad),
+        ],
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "loadlens: error: profile bad.yaml: traffic: must be a non-empty list" in proc.stdout
+
+
+def test_plain_locust_unreachable_target() -> None:
+    proc = run_child(
+        [
+            sys.executable, "-m", "locust", "-f", str(ROOT / "loadgen/locustfile.py"), "--headless",
+            "--host", f"http://127.0.0.1:{free_port()}", "--metrics-port", "0",
+        ],
+        timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "cannot reach target" in proc.stdout
