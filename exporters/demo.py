@@ -1,195 +1,197 @@
-"""``make demo``: start the simulated server and stream requests through it, printing what it measured.
+"""``make demo``: the whole local stack, a short stress test through it, and what it measured.
 
-The server simulates the guide's core benchmark setup (DeepSeek-VL-7B on an A100 40GB PCIe) with the
-priority scheduler on. The demo streams one request token by token, then a concurrent burst of mixed
-interactive/batch requests (one with an image), and prints the client's view next to the server's own
-metrics and the simulated GPU state. Environment: ``LOADLENS_DEMO_PORT`` (default: a free port),
-``LOADLENS_DEMO_SPEED`` (default 1: real time).
+1. ``loadlens stack up``: Prometheus, Alertmanager, the simulated server (DeepSeek-VL-7B on an A100 40GB
+   PCIe, the guide's setup, priority scheduling on), the GPU exporter and the pager, in ``.run/stack``.
+2. One request streamed token by token, to show the server works.
+3. ``loadlens load --profile quick`` (the guide's stress shape, compressed to about a minute and a half), with
+   server-side figures from Prometheus.
+4. A summary: the per-stage table (TTFT p50/p99, ITL p99, tok/s, peak VRAM, GPU utilisation mean and swing),
+   alerts that fired, pages the pager received, where the results are and how to open Prometheus.
+
+The stack stays up afterwards so Prometheus can be explored; ``loadlens stack down`` stops it. The demo
+exits non-zero if the stack or the load run failed. Environment: ``LOADLENS_DEMO_PROFILE`` (default
+``quick``), ``LOADLENS_DEMO_TIME_SCALE`` (default 1).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from exporters.common.cliutil import UsageError
 from exporters.common.net import free_port
+from exporters.stack.runner import Stack, StackOptions
 
-MODEL = "deepseek-vl-7b"
-GPU = "a100-40gb-pcie"
-RUN_DIR = Path(".run/demo")
-# A 1x1 PNG: the sim counts image parts as the model's image tokens; the pixels do not matter.
-PNG_1PX = base64.b64encode(
-    bytes.fromhex(
-        "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4890000000d4944415478da6364f8ff"
-        "bf1e0005fe02fea7d5e2f50000000049454e44ae426082"
-    )
-).decode()
+RUN_DIR = Path(".run/stack")
+RESULTS = Path("results")
+MODEL, GPU = "deepseek-vl-7b", "a100-40gb-pcie"
 
 
-@dataclass
-class Result:
-    label: str
-    priority: int
-    ttft_s: float | None
-    e2e_s: float
-    tokens: int
-    status: int
+def say(text: str = "") -> None:
+    print(text, flush=True)
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"demo: the server exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"demo: the server did not become healthy in {timeout_s:.0f} s; see {log}")
+def start_stack() -> tuple[Stack, dict[str, str]]:
+    options = StackOptions(run_dir=RUN_DIR, model_profile=MODEL, gpu_profile=GPU)
+    stack = Stack(options, say=say)
+    stack.down()  # a stack left by an earlier demo: start fresh
+    try:
+        services = stack.up()
+    except UsageError as err:
+        if "ports in use" not in str(err):
+            raise
+        say(f"demo: {err}; using free ports instead")
+        options = StackOptions(
+            run_dir=RUN_DIR, model_profile=MODEL, gpu_profile=GPU, serve_port=free_port(), gpu_port=free_port(),
+            pager_port=free_port(), loadgen_port=free_port(), prometheus_port=free_port(),
+            alertmanager_port=free_port(),
+        )  # fmt: skip
+        stack = Stack(options, say=say)
+        services = stack.up()
+    urls = {s.name: s.url for s in services}
+    urls["loadgen_port"] = str(options.loadgen_port)
+    return stack, urls
 
 
-async def _stream(client: httpx.AsyncClient, label: str, body: dict[str, object], echo: bool = False) -> Result:
-    started = time.monotonic()
-    ttft: float | None = None
-    tokens = 0
-    raw_priority = body.get("priority")
-    priority = raw_priority if isinstance(raw_priority, int) else 0
-    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return Result(label, priority, None, time.monotonic() - started, 0, response.status_code)
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage") and not chunk.get("choices"):
-                tokens = chunk["usage"]["completion_tokens"]
-                continue
-            text = chunk["choices"][0]["delta"].get("content") or ""
-            if text and ttft is None:
-                ttft = time.monotonic() - started
-            if echo and text:
-                print(text, end="", flush=True)
-    if echo:
-        print()
-    return Result(label, priority, ttft, time.monotonic() - started, tokens, 200)
-
-
-def _chat(prompt: str, max_tokens: int, priority: int = 0, image: bool = False) -> dict[str, object]:
-    content: object = prompt
-    if image:
-        content = [
-            {"type": "text", "text": prompt},
-            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_1PX}"}},
-        ]
-    return {
+def stream_one(url: str) -> None:
+    body = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "Explain continuous batching in one paragraph."}],
+        "max_tokens": 40,
         "temperature": 0,
-        "priority": priority,
         "stream": True,
-        "stream_options": {"include_usage": True},
     }
+    started = time.monotonic()
+    first: float | None = None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        response.raise_for_status()
+        say("demo: one request, streamed token by token:")
+        print("  ", end="")
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            text = json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            if text and first is None:
+                first = time.monotonic() - started
+            print(text, end="", flush=True)
+    say(
+        f"\n   (first token after {first * 1000 if first else 0:.0f} ms, done after {time.monotonic() - started:.2f} s)"
+    )
 
 
-async def _traffic(url: str) -> list[Result]:
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        print("\n1) One streamed request (tokens as they arrive):\n")
-        first = await _stream(client, "single", _chat("Explain continuous batching in one paragraph.", 48), echo=True)
-        print(
-            "\n2) A burst of 12 concurrent requests: 8 interactive (priority 0), 4 batch (priority 1), one with"
-            " an image"
-        )
-        burst = [
-            _stream(client, f"chat-{i}", _chat(f"Question {i}: what limits decode throughput?", 64, 0, image=(i == 0)))
-            for i in range(8)
-        ] + [_stream(client, f"batch-{i}", _chat("Summarise this report. " * 40, 128, 1)) for i in range(4)]
-        return [first, *await asyncio.gather(*burst)]
+def run_load(urls: dict[str, str], run_id: str) -> int:
+    profile = os.environ.get("LOADLENS_DEMO_PROFILE", "quick")
+    cmd = [
+        sys.executable, "-m", "exporters.cli", "load", "--profile", profile, "--host", urls["serve"], "--headless",
+        "--prometheus", urls["prometheus"], "--results", str(RESULTS), "--run-id", run_id,
+        "--metrics-port", urls["loadgen_port"], "--time-scale", os.environ.get("LOADLENS_DEMO_TIME_SCALE", "1"),
+    ]  # fmt: skip
+    say(f"\ndemo: running the '{profile}' profile: {' '.join(cmd[2:])}")
+    return subprocess.call(cmd)
 
 
-def _metric(text: str, name: str, labels: str = "") -> float | None:
-    pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*{re.escape(labels)}[^}}]*\}})? (\S+)$", re.MULTILINE)
-    values = [float(m.group(2)) for m in pattern.finditer(text)]
-    return sum(values) if values else None
+def fmt(value: Any, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
-def _report(results: list[Result], metrics: str, device: dict[str, object]) -> None:
-    print("\nClient view:")
-    print(f"  {'request':<10} {'prio':>4} {'status':>6} {'TTFT ms':>9} {'E2E ms':>9} {'tokens':>7} {'tok/s':>7}")
-    for r in results:
-        ttft = f"{r.ttft_s * 1000:9.1f}" if r.ttft_s is not None else f"{'-':>9}"
-        rate = r.tokens / r.e2e_s if r.e2e_s > 0 else 0.0
-        print(f"  {r.label:<10} {r.priority:>4} {r.status:>6} {ttft} {r.e2e_s * 1000:9.1f} {r.tokens:>7} {rate:7.1f}")
+def print_stages(result: dict[str, Any]) -> None:
+    say("\nPer stage (client view; server view from Prometheus):")
+    head = ("stage", "users", "ok", "fail", "TTFT p50", "TTFT p99", "ITL p99", "out tok/s", "goodput", "VRAM GiB",
+            "GPU util", "swing")  # fmt: skip
+    widths = (16, 5, 5, 4, 9, 9, 8, 9, 8, 8, 8, 6)
+    say("  " + " ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
+    say("  " + " ".join("-" * w for w in widths))
+    for stage in result.get("stages", []):
+        server = stage.get("server") or {}
+        util, swing = server.get("mean_gpu_utilization_ratio"), server.get("gpu_utilization_peak_to_trough_ratio")
+        name = stage["name"] + (" (warmup)" if stage.get("warmup") else "")
+        cells = [
+            name[:16], fmt(stage.get("target_users"), "d") if stage.get("target_users") is not None else "-",
+            str(stage.get("completed", 0)), str(stage.get("failed", 0)),
+            fmt(stage.get("p50_ttft_ms")), fmt(stage.get("p99_ttft_ms")), fmt(stage.get("p99_itl_ms")),
+            fmt(stage.get("output_throughput"), ".0f"), fmt(stage.get("goodput_ratio"), ".0%"),
+            fmt(server.get("peak_vram_gib"), ".2f"),
+            "-" if util is None else f"{util:.0%}", "-" if swing is None else f"{swing:.0%}",
+        ]  # fmt: skip
+        say("  " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    validity = result.get("validity", {})
+    if not validity.get("results_valid", True):
+        say(f"  results INVALID: {'; '.join(validity.get('reasons', []))}")
+    say("  (latencies in ms; goodput = share of requests meeting every SLO of their class)")
 
-    def mean(name: str) -> str:
-        total, count = _metric(metrics, name + "_sum"), _metric(metrics, name + "_count")
-        return f"{total / count * 1000:.1f} ms" if total is not None and count else "n/a"
 
-    print("\nServer view (/metrics):")
-    print(f"  vllm:time_to_first_token_seconds mean          {mean('vllm:time_to_first_token_seconds')}")
-    print(f"  gen_ai_server_time_to_first_token_seconds mean {mean('gen_ai_server_time_to_first_token_seconds')}")
-    print(f"  vllm:inter_token_latency_seconds mean          {mean('vllm:inter_token_latency_seconds')}")
-    print(f"  vllm:request_queue_time_seconds mean           {mean('vllm:request_queue_time_seconds')}")
-    print(f"  vllm:generation_tokens_total                   {_metric(metrics, 'vllm:generation_tokens_total')}")
-    print(f"  vllm:num_preemptions_total                     {_metric(metrics, 'vllm:num_preemptions_total')}")
-    print(f"  loadlens_goodput_requests_total                {_metric(metrics, 'loadlens_goodput_requests_total')}")
-    print(f"  loadlens_sla_breaches_total                    {_metric(metrics, 'loadlens_sla_breaches_total')}")
-    devices = device.get("devices")
-    if isinstance(devices, list) and devices:
-        d = devices[0]
-        owners = d.get("memory_by_owner", {})
-        gib = 1024**3
-        print(f"\nSimulated GPU ({d.get('name')}, /sim/device-state):")
-        print(
-            f"  memory used {d.get('memory_used_bytes', 0) / gib:.1f} of {d.get('memory_total_bytes', 0) / gib:.1f} GiB"
-        )
-        print("  by owner: " + ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in owners.items()))
-        print(f"  power {d.get('power_watts', 0):.0f} W, {len(d.get('util_samples', []))} utilisation samples")
+def _pages() -> list[dict[str, Any]]:
+    pages_file = RUN_DIR / "pages.jsonl"
+    return [json.loads(line) for line in pages_file.read_text().splitlines()] if pages_file.exists() else []
+
+
+def print_alerts(urls: dict[str, str]) -> None:
+    try:
+        alerts = httpx.get(urls["alertmanager"] + "/api/v2/alerts", timeout=5).json()
+    except httpx.HTTPError as err:
+        say(f"\nAlerts: Alertmanager did not answer ({err})")
+        alerts = []
+    # A page follows its alert by Alertmanager's group wait (5 s for critical): give it that long.
+    deadline = time.monotonic() + 15
+    critical = {a["labels"]["alertname"] for a in alerts if a["labels"].get("severity") == "critical"}
+    while time.monotonic() < deadline:
+        paged = {x["labels"].get("alertname") for n in _pages() for x in n["alerts"]}
+        if critical <= paged:
+            break
+        time.sleep(0.5)
+    say("\nAlerts active in Alertmanager:" if alerts else "\nAlerts active in Alertmanager: none")
+    for a in alerts:
+        labels = a["labels"]
+        say(f"  {labels.get('severity', '?'):<8} {labels['alertname']:<34} {a['status']['state']:<10} "
+            f"{a['annotations'].get('summary', '')}")  # fmt: skip
+    notifications = _pages()
+    received = sum(len(n["alerts"]) for n in notifications)
+    say(f"Pages received by the pager: {received} alerts in {len(notifications)} notifications")
+    for n in notifications[-10:]:
+        for a in n["alerts"]:
+            say(f"  {n['receiver']:<7} {a['status']:<9} {a['labels'].get('alertname')}")
 
 
 def main() -> int:
-    port = int(os.environ.get("LOADLENS_DEMO_PORT") or free_port())
-    speed = os.environ.get("LOADLENS_DEMO_SPEED", "1")
-    url = f"http://127.0.0.1:{port}"
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
-    log = RUN_DIR / "serve.log"
-    cmd = [
-        sys.executable, "-m", "exporters.cli", "serve", "--engine", "sim", "--model-profile", MODEL,
-        "--gpu-profile", GPU, "--port", str(port), "--speed", speed, "--knob", "scheduling_policy=priority",
-    ]  # fmt: skip
-    print(f"demo: starting {' '.join(cmd[2:])}\n      request log: {log}")
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(url, proc, log)
-            print(f"demo: {url} is up (model {MODEL} on a simulated {GPU})")
-            results = asyncio.run(_traffic(url))
-            metrics = httpx.get(url + "/metrics").text
-            device = httpx.get(url + "/sim/device-state").json()
-            _report(results, metrics, device)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    failed = [r for r in results if r.status != 200]
-    print(f"\ndemo: done. {len(results) - len(failed)}/{len(results)} requests succeeded. Next: `make test`.")
-    return 1 if failed else 0
+    say("demo: starting the local stack (Prometheus, Alertmanager, sim server, GPU exporter, pager)")
+    try:
+        stack, urls = start_stack()
+    except (UsageError, RuntimeError) as err:
+        say(f"demo: the stack did not start: {err}")
+        return 1
+    say(f"demo: stack up; server {urls['serve']}, Prometheus {urls['prometheus']}")
+    try:
+        stream_one(urls["serve"])
+    except httpx.HTTPError as err:
+        say(f"demo: the server did not answer: {err}")
+        stack.down()
+        return 1
+    run_id = "demo-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    rc = run_load(urls, run_id)
+    result_file = RESULTS / run_id / "benchmark_result.json"
+    if result_file.exists():
+        print_stages(json.loads(result_file.read_text()))
+    else:
+        say(f"demo: no results at {result_file}")
+    print_alerts(urls)
+    say("\nWhere things are:")
+    say(f"  results       {result_file}")
+    say(f"  Prometheus    {urls['prometheus']}/classic/graph (try gen_ai_server_time_to_first_token_seconds_bucket)")
+    say(f"  Alertmanager  {urls['alertmanager']}/api/v2/alerts")
+    say(f"  logs, configs {RUN_DIR}/")
+    say("  stop it all   .venv/bin/loadlens stack down")
+    if rc not in (0, 3):
+        say(f"\ndemo: the load run failed (exit {rc})")
+        return 1
+    say("\ndemo: done." + (" (results marked invalid: the load generator was CPU-bound)" if rc == 3 else ""))
+    return 0
 
 
 if __name__ == "__main__":
