@@ -30,15 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
+from exporters.common.child import http_child
 from exporters.common.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,34 +237,11 @@ def run_loadgen(url: str, streams: int, seconds: float, pin: str, workers: int =
 # --- server and orchestration ------------------------------------------------------------------------------
 
 
-@contextmanager
-def scripted_server(pin: str) -> Iterator[str]:
+def scripted_server(pin: str) -> AbstractContextManager[str]:
     port = free_port()
     cmd = [*pin.split(), sys.executable, "-m", "tests.loadgen.scripted_server", "--port", str(port)]
     cmd += ["--ttft", str(TTFT_S), "--itl", str(ITL_S)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return http_child(cmd, port, cwd=ROOT)
 
 
 def median_run(runs: Sequence[Run]) -> Run:

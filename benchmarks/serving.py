@@ -20,16 +20,15 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import aiohttp
 import httpx
 
+from exporters.common.child import http_child
 from exporters.common.net import free_port
 
 
@@ -54,32 +53,10 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-@contextmanager
-def server(*args: str) -> Iterator[str]:
+def server(*args: str) -> AbstractContextManager[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "exporters.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    return http_child(cmd, port)
 
 
 async def _one_stream(session: aiohttp.ClientSession, url: str, model: str, max_tokens: int, out: LoadResult) -> None:

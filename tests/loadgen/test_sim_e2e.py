@@ -7,18 +7,15 @@ upload, loopback and its own parsing), its mean TPOT within 0.5 ms of the server
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from exporters.common.child import http_child
 from exporters.common.net import free_port
 from tests.loadgen.conftest import ROOT, loadlens, result_of, run_child, write_profile
 
@@ -35,29 +32,8 @@ def sim_server() -> Iterator[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "exporters.cli", "serve", "--engine", "sim", "--model-profile", "tiny"]
     cmd += ["--gpu-profile", "h100-sxm", "--speed", "0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sim server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("sim server did not start")
-            time.sleep(0.1)
+    with http_child(cmd, port, cwd=ROOT) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def server_mean(text: str, family: str) -> float:

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from exporters.common.child import http_child
 from exporters.common.net import free_port
 from tests.support.prometheus import PrometheusServer, require_prometheus
 
@@ -77,23 +78,8 @@ def sim_server() -> Iterator[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "exporters.cli", "serve", "--engine", "sim", "--model-profile", MODEL,
            "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "sim server did not start"
-            time.sleep(0.1)
+    with http_child(cmd, port) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def _traffic(url: str, seconds: float) -> None:
