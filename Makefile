@@ -23,12 +23,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Debian packages the tests use (promtool, amtool). Installed only when running as root; otherwise
-# the tests that need them say what to install and skip.
+# Debian packages the demo and the tests use (prometheus, alertmanager, promtool, amtool). Installed only as root; otherwise
+# the demo says what to install and the tests that need them skip.
 system-deps:
 	@bash scripts/system-deps.sh
 
-demo: venv
+demo: venv system-deps
 	$(PY) -m exporters.demo
 
 test: venv system-deps

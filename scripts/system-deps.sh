@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests run for real (promtool, amtool), when root and when missing.
+# Installs the Debian packages the demo and the tests run for real (Prometheus, Alertmanager, promtool, amtool),
+# when root and when missing.
 set -euo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
