@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import httpx
 import pytest
 
 from tests.serving.conftest import Served
+from tests.support.server import raw_stream
 
 ADMIN = {"Authorization": "Bearer s3cret"}
 CHAT = "/v1/chat/completions"
@@ -193,17 +193,8 @@ def test_mid_stream_engine_error_sends_error_event_and_counts_500(served: Served
 
 def test_client_disconnect_aborts_request_in_engine(served: Served) -> None:
     served.engine.itl_s = 0.05
-    host, port = served.url.removeprefix("http://").split(":")
-    body = json.dumps(_chat(max_tokens=200, stream=True)).encode()
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"data: " not in received:
-            received += sock.recv(4096)
+    with raw_stream(served.url, CHAT, _chat(max_tokens=200, stream=True), until=b"data: "):
+        pass
     _wait_for(lambda: len(served.engine.aborted) == 1)
     assert served.engine.active == set()
     _wait_for(

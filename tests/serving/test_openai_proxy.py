@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
 from exporters.serving.tracing import Tracing
 from tests.serving.fakes import ScriptedEngine
-from tests.support.server import free_port, serve_app
+from tests.support.server import free_port, raw_stream, serve_app
 
 CHAT = "/v1/chat/completions"
 
@@ -113,17 +112,8 @@ def test_metrics_at_the_proxy(chain: Chain) -> None:
 
 def test_disconnect_at_proxy_aborts_upstream(chain: Chain) -> None:
     chain.upstream.itl_s = 0.05
-    host, port = chain.proxy_url.removeprefix("http://").split(":")
-    body = json.dumps(_chat(max_tokens=300, stream=True)).encode()
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"t1" not in received:
-            received += sock.recv(4096)
+    with raw_stream(chain.proxy_url, CHAT, _chat(max_tokens=300, stream=True), until=b"t1"):
+        pass
     deadline = time.monotonic() + 5
     while not chain.upstream.aborted and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from exporters.common.device_state import DEVICE_STATE_VERSION, DeviceState
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.tracing import Tracing
-from tests.support.server import serve_app
+from tests.support.server import raw_stream, serve_app
 
 ADMIN = {"Authorization": "Bearer t"}
 
@@ -99,18 +98,9 @@ def test_context_overflow_and_fcfs_priority_are_400(sim: Sim) -> None:
 
 
 def test_disconnect_frees_the_slot_and_kv_blocks(sim: Sim) -> None:
-    host, port = sim.url.removeprefix("http://").split(":")
-    body = json.dumps({"model": "tiny", "prompt": "a " * 200, "max_tokens": 1500, "ignore_eos": True, "stream": True})
+    body = {"model": "tiny", "prompt": "a " * 200, "max_tokens": 1500, "ignore_eos": True, "stream": True}
     labels = {"model_name": "tiny", "engine": "0"}
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body.encode()
-        )
-        received = b""
-        while received.count(b"data: ") < 3:
-            received += sock.recv(65536)
+    with raw_stream(sim.url, "/v1/completions", body, until=b"data: ", count=3):
         assert sim.sample("vllm:num_requests_running", labels) == 1
         assert (sim.sample("vllm:kv_cache_usage_perc", labels) or 0) > 0
     deadline = time.monotonic() + 5

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ import uvicorn
 
 from exporters.common.net import free_port
 
-__all__ = ["free_port", "serve_app"]
+__all__ = ["free_port", "raw_stream", "serve_app"]
 
 
 @contextlib.contextmanager
@@ -35,3 +37,24 @@ def serve_app(app: Any, *, timeout_s: float = 10.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def raw_stream(base_url: str, path: str, body: dict[str, Any], *, until: bytes, count: int = 1) -> Iterator[bytes]:
+    """POST ``body`` over a bare socket, read until ``until`` appeared ``count`` times, yield what was read,
+    then drop the connection without a goodbye: a client that goes away mid-stream."""
+    host, port = base_url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        received = b""
+        while received.count(until) < count:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"server closed the connection; received {received[-300:]!r}")
+            received += chunk
+        yield received
