@@ -49,6 +49,7 @@ bench: venv
 
 generate: venv
 	$(PY) -m exporters.alerting.generate
+	$(PY) -m exporters.dashboards.generate
 
 fixtures: venv
 	$(PY) -m tests.update_fixtures

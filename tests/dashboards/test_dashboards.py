@@ -1,0 +1,98 @@
+"""The generated dashboards are current and well-formed: units, datasources, stable uids, rate() over
+``$__rate_interval`` for every counter and histogram, and every query parses (promtool)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporters.dashboards import generate
+from exporters.dashboards.catalog import dashboards
+from exporters.dashboards.model import SCHEMA_VERSION, unrated_counters
+from tests.dashboards.support import all_queries, concrete
+
+# Grafana links and bookmarks point at these; changing one breaks them.
+STABLE_UIDS = {
+    "loadlens-overview": "loadlens-overview",
+    "loadlens-gpu": "loadlens-gpu",
+    "loadlens-serving": "loadlens-serving",
+}
+
+
+def _docs() -> dict[str, dict[str, Any]]:
+    return {stem: json.loads((generate.OUT / f"{stem}.json").read_text()) for stem in STABLE_UIDS}
+
+
+def test_generated_files_are_current() -> None:
+    stale = [str(p) for p, text in generate.outputs().items() if not p.exists() or p.read_text() != text]
+    assert stale == [], "run `make generate`"
+    assert generate.main(["--check"]) == 0
+
+
+def test_uids_stable_and_unique() -> None:
+    docs = _docs()
+    assert {stem: d["uid"] for stem, d in docs.items()} == STABLE_UIDS
+    assert len({d["title"] for d in docs.values()}) == len(docs)
+    for doc in docs.values():
+        assert doc["schemaVersion"] == SCHEMA_VERSION
+        ids = [p["id"] for p in doc["panels"]]
+        assert len(ids) == len(set(ids))
+
+
+def test_every_panel_has_unit_datasource_legend() -> None:
+    for stem, doc in _docs().items():
+        names = [v["name"] for v in doc["templating"]["list"]]
+        assert {"datasource", "model", "instance", "stage"} <= set(names), stem
+        for panel in doc["panels"]:
+            if panel["type"] == "row":
+                continue
+            where = f"{stem}: {panel['title']}"
+            assert panel["fieldConfig"]["defaults"].get("unit"), where
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
+            assert panel["targets"], where
+            for target in panel["targets"]:
+                assert target["datasource"]["uid"] == "${datasource}", where
+                assert target["legendFormat"], where
+    assert "gpu" in [v["name"] for v in _docs()["loadlens-gpu"]["templating"]["list"]]
+
+
+def test_annotations_and_slo_lines() -> None:
+    for stem, doc in _docs().items():
+        exprs = [a.get("expr", "") for a in doc["annotations"]["list"]]
+        assert any("loadlens_loadgen_stage" in e for e in exprs), stem
+        assert 'ALERTS{alertstate="firing"}' in exprs, stem
+    overview = _docs()["loadlens-overview"]
+    latency = [p for p in overview["panels"] if p["title"].startswith(("TTFT (", "ITL (", "E2E"))]
+    assert len(latency) == 3
+    for panel in latency:
+        assert any("loadlens_slo_threshold_seconds" in t["expr"] for t in panel["targets"]), panel["title"]
+
+
+def test_counters_use_rate_over_rate_interval() -> None:
+    bad = {where: unrated_counters(expr) for where, expr in all_queries(dashboards()) if unrated_counters(expr)}
+    assert bad == {}
+
+
+def test_unrated_counter_detection() -> None:
+    assert unrated_counters("sum(rate(x_total{a='b'}[$__rate_interval]))") == []
+    assert unrated_counters("sum(rate(x_total{a='b'}[5m]))") == ["x_total"]
+    assert unrated_counters("x_bucket{}") == ["x_bucket"]
+    assert unrated_counters("increase(y_count{}[$__rate_interval]) / x_sum{}") == ["x_sum"]
+
+
+def test_every_query_parses(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found: apt-get install prometheus")
+    queries = all_queries(dashboards())
+    rules = [{"record": f"dashboard:query_{i}:check", "expr": concrete(expr)} for i, (_, expr) in enumerate(queries)]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
