@@ -233,16 +233,17 @@ class GenerationResponse(Response):
         except EngineError as err:
             self._finished_producing = True
             status = engine_error_status(err)
+            # Recorded before the last bytes go out: whoever has the response also sees it counted.
+            life.finish_error(status, _REJECT_REASON.get(err.kind, "internal"), err.message, self.engine_stream.timing)
             await send({"type": "http.response.body", "body": sse_error_event(status, err.message), "more_body": True})
             await send({"type": "http.response.body", "body": DONE, "more_body": False})
-            life.finish_error(status, _REJECT_REASON.get(err.kind, "internal"), err.message, self.engine_stream.timing)
             return
         tail = DONE
         if p.include_usage and not saw_wire:
             tail = writer.usage(life.prompt_tokens, life.output_tokens, cached) + DONE
         self._finished_producing = True
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
         life.finish_ok(finish_reason, self.engine_stream.timing, cached)
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _whole(self, send: Send) -> None:
         life = self.life
@@ -280,6 +281,7 @@ class GenerationResponse(Response):
         )
         payload = json.dumps(body).encode()
         self._finished_producing = True
+        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
         await send(
             {
                 "type": "http.response.start",
@@ -292,7 +294,6 @@ class GenerationResponse(Response):
             }
         )
         await send({"type": "http.response.body", "body": payload, "more_body": False})
-        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
 
     def _response_id(self) -> str:
         prefix = "chatcmpl-" if self.parsed.endpoint == "chat" else "cmpl-"
