@@ -20,6 +20,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "loadgen.cli",
     "exporters.pager.cli",
     "exporters.stack.cli",
+    "exporters.report.cli",
 )
 
 

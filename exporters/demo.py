@@ -7,6 +7,7 @@
    server-side figures from Prometheus.
 4. A summary: the per-stage table (TTFT p50/p99, ITL p99, tok/s, peak VRAM, GPU utilisation mean and swing),
    alerts that fired, pages the pager received, where the results are and how to open Prometheus.
+5. ``loadlens report``: the dashboards' queries over the run's window, as one self-contained HTML page.
 
 The stack stays up afterwards so Prometheus can be explored; ``loadlens stack down`` stops it. The demo
 exits non-zero if the stack or the load run failed. Environment: ``LOADLENS_DEMO_PROFILE`` (default
@@ -181,8 +182,18 @@ def main() -> int:
     else:
         say(f"demo: no results at {result_file}")
     print_alerts(urls)
+    report_dir = RESULTS / run_id / "report"
+    report_rc = 1
+    if result_file.exists():
+        say("\ndemo: rendering the report (the dashboards' queries over the run's window)")
+        report_rc = subprocess.call(
+            [sys.executable, "-m", "exporters.cli", "report", "--prometheus", urls["prometheus"],
+             "--results", str(result_file), "--out", str(report_dir)]
+        )  # fmt: skip
     say("\nWhere things are:")
     say(f"  results       {result_file}")
+    if report_rc == 0:
+        say(f"  report        {report_dir / 'report.html'}")
     say(f"  Prometheus    {urls['prometheus']}/classic/graph (try gen_ai_server_time_to_first_token_seconds_bucket)")
     say(f"  Alertmanager  {urls['alertmanager']}/api/v2/alerts")
     say(f"  logs, configs {RUN_DIR}/")
