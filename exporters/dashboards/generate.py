@@ -6,7 +6,6 @@ python -m exporters.dashboards.generate --check    # exit 1 if a committed file 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from exporters.common import generated
 from exporters.dashboards.catalog import dashboards
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,24 +81,7 @@ def outputs(slo_file: Path | None = None) -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="fail if a generated file differs from its source")
-    args = parser.parse_args(argv)
-    stale = []
-    for path, text in outputs().items():
-        current = path.read_text() if path.exists() else None
-        if current == text:
-            continue
-        if args.check:
-            stale.append(str(path.relative_to(ROOT)))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            print(f"wrote {path.relative_to(ROOT)}")
-    if stale:
-        print(f"stale generated files (run `make generate`): {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    return generated.run(argv, __doc__, outputs(), ROOT)
 
 
 if __name__ == "__main__":
