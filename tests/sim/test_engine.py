@@ -54,17 +54,17 @@ def test_single_request_ttft_and_itl_equal_the_roofline() -> None:
         t = stream.timing
         assert t.queued is not None and t.scheduled is not None and t.first_token is not None
         assert t.scheduled == t.queued  # idle engine, no batching window: scheduled on arrival
-        assert t.first_token - t.scheduled == pytest.approx(prefill, rel=1e-9)
+        assert t.first_token - t.scheduled == pytest.approx(prefill, abs=1e-9)
         assert t.finished == pytest.approx(t.first_token + decode1 + decode2, rel=1e-9)
         labels = engine_labels("deepseek-r1-distill-llama-8b")
         assert sample(reg, "vllm:time_to_first_token_seconds_sum", **labels) == pytest.approx(
-            t.first_token - req.arrival_time, rel=1e-9
+            t.first_token - req.arrival_time, abs=1e-9
         )
         assert sample(reg, "vllm:inter_token_latency_seconds_count", **labels) == 2
         assert sample(reg, "vllm:inter_token_latency_seconds_sum", **labels) == pytest.approx(
-            decode1 + decode2, rel=1e-9
+            decode1 + decode2, abs=1e-9
         )
-        assert sample(reg, "vllm:request_prefill_time_seconds_sum", **labels) == pytest.approx(prefill, rel=1e-9)
+        assert sample(reg, "vllm:request_prefill_time_seconds_sum", **labels) == pytest.approx(prefill, abs=1e-9)
         assert [e.output_tokens for e in events] == [1, 2, 3]
         assert events[-1].finish_reason is FinishReason.LENGTH
         assert all(e.prompt_tokens == prompt_tokens for e in events)
@@ -134,16 +134,17 @@ def test_scripted_scenario_exact_metrics() -> None:
             sum(s.timing.scheduled - s.timing.queued for s in streams if s.timing.scheduled and s.timing.queued)
         )
         decode = (step2 + step3) / speed
-        assert sample(reg, "vllm:request_decode_time_seconds_sum", **lab) == pytest.approx(2 * decode, rel=1e-9)
+        # Differences of monotonic timestamps (~1e5-1e6 s) carry ~1e-10 s of float error: compare to 1 ns.
+        assert sample(reg, "vllm:request_decode_time_seconds_sum", **lab) == pytest.approx(2 * decode, abs=1e-9)
         assert sample(reg, "vllm:request_inference_time_seconds_sum", **lab) == pytest.approx(
-            2 * (step1 / speed + decode), rel=1e-9
+            2 * (step1 / speed + decode), abs=1e-9
         )
         # TPOT = (e2e - ttft) / (n - 1) = decode / 2 for each request.
-        assert sample(reg, "vllm:request_time_per_output_token_seconds_sum", **lab) == pytest.approx(decode, rel=1e-9)
+        assert sample(reg, "vllm:request_time_per_output_token_seconds_sum", **lab) == pytest.approx(decode, abs=1e-9)
         assert sample(reg, "vllm:inter_token_latency_seconds_count", **lab) == 4
         assert sample(reg, "loadlens_sim_step_duration_seconds_count") == 3
         assert sample(reg, "loadlens_sim_step_duration_seconds_sum") == pytest.approx(
-            (step1 + step2 + step3) / speed, rel=1e-9
+            (step1 + step2 + step3) / speed, abs=1e-9
         )
         assert sample(reg, "loadlens_sim_batch_size_sum") == 6
         assert sample(reg, "loadlens_sim_timing_error_seconds_count") == 3
@@ -459,8 +460,8 @@ def test_adapter_load_blocks_the_step_loop_and_is_charged_to_live_requests(tmp_p
         read = roofline.adapter_read_seconds(gpu, nbytes) / speed
         activate = roofline.adapter_activate_seconds(gpu, nbytes, from_disk=False) / speed
         assert nbytes == 32 * 8 * (4096 + 4096 + 4096 + 1024) * 2
-        assert base.timing.lora_blocked_seconds == pytest.approx(read + activate, rel=1e-9)
-        assert tuned.timing.lora_blocked_seconds == pytest.approx(activate, rel=1e-9)
+        assert base.timing.lora_blocked_seconds == pytest.approx(read + activate, abs=1e-9)
+        assert tuned.timing.lora_blocked_seconds == pytest.approx(activate, abs=1e-9)
         assert tuned.timing.first_token is not None and tuned.timing.scheduled is not None
         assert tuned.timing.first_token - tuned.timing.scheduled > activate  # the stall is inside its first step
         assert sample(reg, "loadlens_sim_adapter_load_seconds_sum", source="storage") == pytest.approx(read)
