@@ -50,6 +50,7 @@ bench: venv
 generate: venv
 	$(PY) -m exporters.alerting.generate
 	$(PY) -m exporters.dashboards.generate
+	$(PY) -m exporters.deploy.generate
 
 fixtures: venv
 	$(PY) -m tests.update_fixtures

@@ -1,0 +1,39 @@
+"""The generated compose-side configs pass promtool and amtool (skipped where those are not installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporters.deploy.generate import OUT, RULES_DIR
+from tests.deploy.support import ROOT
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} not installed (make system-deps)")
+    return found
+
+
+def test_alertmanager_config_passes_amtool() -> None:
+    amtool = _tool("amtool")
+    result = subprocess.run(
+        [amtool, "check-config", str(OUT / "alertmanager.yml")], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    promtool = _tool("promtool")
+    config = yaml.safe_load((OUT / "prometheus.yml").read_text())
+    # The rules directory is mounted from alerts/; point promtool at it so the rule files are checked too.
+    config["rule_files"] = [f.replace(RULES_DIR, str(ROOT / "alerts")) for f in config["rule_files"]]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
