@@ -372,6 +372,19 @@ async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -
     return GenerationResponse(state, life, stream, parsed, model)
 
 
+@contextlib.asynccontextmanager
+async def _adapter_op(state: ServingState, operation: str) -> AsyncIterator[None]:
+    """Count a runtime adapter load/unload by outcome and time the successful ones."""
+    started = time.monotonic()
+    try:
+        yield
+    except EngineError:
+        state.metrics.adapter_ops.labels(operation, "error").inc()
+        raise
+    state.metrics.adapter_ops.labels(operation, "success").inc()
+    state.metrics.adapter_op_duration.labels(operation).observe(time.monotonic() - started)
+
+
 def create_app(
     engine: Engine,
     settings: ServeSettings | None = None,
@@ -469,20 +482,14 @@ def create_app(
         async def action() -> Response:
             body = parse_load_adapter(await _read_json(request))
             path = resolve_adapter_path(settings.lora_root, body.lora_path)
-            started = time.monotonic()
             async with state.adapter_lock:
                 if body.lora_name in state.adapters or body.lora_name == state.base_model:
                     raise RequestError(f"The lora adapter '{body.lora_name}' has already been loaded.", "lora_name")
                 lora = state.adapters.make(body.lora_name, path)
-                try:
+                async with _adapter_op(state, "load"):
                     await engine.load_adapter(lora)
-                except EngineError:
-                    state.metrics.adapter_ops.labels("load", "error").inc()
-                    raise
-                state.adapters.add(lora)
-                await state.refresh_models()
-            state.metrics.adapter_ops.labels("load", "success").inc()
-            state.metrics.adapter_op_duration.labels("load").observe(time.monotonic() - started)
+                    state.adapters.add(lora)
+                    await state.refresh_models()
             return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
 
         return await _admin(request, action)
@@ -491,20 +498,14 @@ def create_app(
     async def unload_lora_adapter(request: Request) -> Response:
         async def action() -> Response:
             name = parse_unload_adapter(await _read_json(request))
-            started = time.monotonic()
-            async with state.adapter_lock:
+            async with state.adapter_lock, _adapter_op(state, "unload"):
                 if name not in state.adapters:
-                    state.metrics.adapter_ops.labels("unload", "error").inc()
-                    return error_response(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
-                try:
-                    await engine.unload_adapter(name)
-                except EngineError:
-                    state.metrics.adapter_ops.labels("unload", "error").inc()
-                    raise
+                    raise EngineError(
+                        ErrorKind.NOT_FOUND, f"The lora adapter '{name}' cannot be found.", param="lora_name"
+                    )
+                await engine.unload_adapter(name)
                 state.adapters.remove(name)
                 await state.refresh_models()
-            state.metrics.adapter_ops.labels("unload", "success").inc()
-            state.metrics.adapter_op_duration.labels("unload").observe(time.monotonic() - started)
             return Response(f"Success: LoRA adapter '{name}' removed successfully.", media_type="text/plain")
 
         return await _admin(request, action)

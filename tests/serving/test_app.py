@@ -249,6 +249,18 @@ def test_lora_load_confined_to_root_and_served(served: Served, lora_root: Path) 
     assert r.status_code == 200
     r = httpx.post(served.url + "/v1/unload_lora_adapter", headers=ADMIN, json={"lora_name": "a1"})
     assert r.status_code == 404
+    assert r.json()["error"] == {
+        "message": "The lora adapter 'a1' cannot be found.",
+        "type": "NotFoundError",
+        "param": "lora_name",
+        "code": 404,
+    }
+    ops = "loadlens_lora_adapter_operations_total"
+    assert served.sample(ops, {"operation": "load", "outcome": "success"}) == 1
+    assert served.sample(ops, {"operation": "load", "outcome": "error"}) == 0  # refused paths never reach the engine
+    assert served.sample(ops, {"operation": "unload", "outcome": "success"}) == 1
+    assert served.sample(ops, {"operation": "unload", "outcome": "error"}) == 1
+    assert served.sample("loadlens_lora_adapter_operation_duration_seconds_count", {"operation": "load"}) == 1
 
 
 def test_device_state_absent_for_engines_without_a_device(served: Served) -> None:
