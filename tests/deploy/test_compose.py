@@ -120,6 +120,21 @@ def test_gpu_profile_serves_vllm_through_the_loadlens_proxy() -> None:
         assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name
 
 
+def test_vllm_metrics_join_the_serving_job_only_where_vllm_runs() -> None:
+    svc = services()
+    prom = svc["prometheus"]
+    config_path = next(c.split("=", 1)[1] for c in prom["command"] if c.startswith("--config.file="))
+    jobs = {c["job_name"]: c for c in load_yaml(_host_path(prom, config_path))["scrape_configs"]}
+    (sd,) = jobs["loadlens-serve"]["dns_sd_configs"]
+    command = [interpolate(str(c)) for c in svc["vllm"]["command"]]
+    # vllm:* series from a real vLLM land in the job the rules and dashboards select (job="loadlens-serve").
+    assert sd["names"] == ["vllm"] and sd["type"] == "A"
+    assert sd["port"] == int(command[command.index("--port") + 1])
+    # Discovery, not a static target: in profile sim `vllm` does not resolve, so no target is down.
+    assert _profiles(svc["vllm"]) == {"gpu"}
+    assert "vllm:8001" not in str(jobs["loadlens-serve"]["static_configs"])
+
+
 def test_sim_profile() -> None:
     svc = services()
     assert environment(svc["serve-sim"])["LOADLENS_ENGINE"] == "sim"
