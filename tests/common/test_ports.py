@@ -20,3 +20,13 @@ def test_architecture_doc_lists_every_port_as_in_the_code() -> None:
 
 def test_ports_are_unique() -> None:
     assert len({p.port for p in PORTS}) == len(PORTS)
+
+
+def test_readme_ports_table_shows_every_port_as_in_the_code() -> None:
+    readme = DOC.parents[1] / "README.md"
+    rows = {}
+    for line in readme.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[1].isdigit():
+            rows[cells[0]] = int(cells[1])
+    assert rows == {p.name: p.port for p in PORTS}
