@@ -559,6 +559,41 @@ def test_alertmanager_config_routes_exactly_like_alerts_alertmanager_yml(tmp_pat
         assert result.returncode == 0, f"{labels}: {result.stdout}{result.stderr}"
 
 
+def test_alerts_reach_the_receivers_through_the_operators_namespace_matcher(tmp_path: Path) -> None:
+    """The operator nests an AlertmanagerConfig's route under `namespace="<its namespace>"`; only alerts with that
+    label reach it, which is why the PrometheusRule adds it to every alert."""
+    amtool = _tool("amtool")
+    native = _native_config(by_kind(render("base"), "AlertmanagerConfig")["loadlens"])
+    nested = {
+        "route": {
+            "receiver": "cluster-default",
+            "routes": [{**native["route"], "matchers": [f'namespace="{k8s.NAMESPACE}"']}],
+        },
+        "receivers": [*native["receivers"], {"name": "cluster-default"}],
+        "inhibit_rules": native["inhibit_rules"],
+    }
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(nested))
+    rule = by_kind(render("base"), "PrometheusRule")["loadlens"]
+    critical = next(
+        r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("labels", {}).get("severity") == "critical"
+    )
+    labels = [f"{k}={v}" for k, v in critical["labels"].items()]
+
+    def receiver(label_args: list[str]) -> str:
+        result = subprocess.run(
+            [amtool, "config", "routes", "test", f"--config.file={path}", *label_args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout.strip()
+
+    assert receiver(labels) == "pager"
+    assert receiver([lbl for lbl in labels if not lbl.startswith("namespace=")]) == "cluster-default"
+
+
 def test_alertmanager_config_translation_rejects_what_it_cannot_translate() -> None:
     with pytest.raises(ValueError, match="cannot translate Alertmanager matcher"):
         k8s.matcher("severity critical")
