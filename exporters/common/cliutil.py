@@ -46,6 +46,13 @@ def env_arg(
     if raw is not None and raw != "":
         if action == "store_true":
             default = raw.strip().lower() in {"1", "true", "yes", "on"}
+        elif action == "append":
+            # A repeatable flag's variable holds a comma-separated list; each item is parsed like one flag.
+            # Flags given as well are appended after these, so for keyed values (NAME=VALUE) the flag wins.
+            try:
+                default = [conv(item.strip()) for item in raw.split(",") if item.strip()]
+            except (argparse.ArgumentTypeError, ValueError) as err:
+                parser.error(f"environment variable {var}={raw!r}: {err}")
         else:
             try:
                 default = conv(raw)

@@ -29,10 +29,6 @@ def _knob(text: str) -> tuple[str, Any]:
     return name.strip(), value
 
 
-def _knobs_env(text: str) -> list[tuple[str, Any]]:
-    return [_knob(item) for item in text.split(",") if item.strip()]
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
@@ -73,10 +69,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _knob_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    items = args.knob
-    if isinstance(items, str):  # from the environment variable
-        items = _knobs_env(items)
-    return dict(items or [])
+    # LOADLENS_KNOB items first, then --knob flags: a flag overrides the same knob from the environment.
+    return dict(args.knob or [])
 
 
 def build_engine(args: argparse.Namespace, registry: Any) -> Any:

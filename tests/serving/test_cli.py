@@ -47,6 +47,30 @@ def test_env_variable_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
+    ("env", "argv", "knobs"),
+    [
+        # One knob in the variable: the form docker-compose.yml and k8s/overlays/sim set.
+        ("scheduling_policy=priority", [], {"scheduling_policy": "priority"}),
+        ("scheduling_policy=priority, max_num_seqs=64", [], {"scheduling_policy": "priority", "max_num_seqs": 64}),
+        # A flag overrides the same knob from the environment and adds to the others.
+        (
+            "scheduling_policy=priority,max_num_seqs=64",
+            ["--knob", "max_num_seqs=8"],
+            {"scheduling_policy": "priority", "max_num_seqs": 8},
+        ),
+        ("", ["--knob", "max_num_seqs=8"], {"max_num_seqs": 8}),
+    ],
+)
+def test_knobs_from_the_environment_and_flags(
+    monkeypatch: pytest.MonkeyPatch, env: str, argv: list[str], knobs: dict[str, object]
+) -> None:
+    from exporters.serving.cli import _knob_overrides
+
+    monkeypatch.setenv("LOADLENS_KNOB", env)
+    assert _knob_overrides(build_parser().parse_args(["serve", *argv])) == knobs
+
+
+@pytest.mark.parametrize(
     ("argv", "env", "needle"),
     [
         (["serve", "--engine", "openai"], {}, "--engine openai needs --upstream URL"),
@@ -57,6 +81,11 @@ def test_env_variable_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
         (["serve"], {"LOADLENS_ENGINE": "magic"}, "LOADLENS_ENGINE='magic'"),
         (["serve", "--lora-root", "/nonexistent/dir"], {}, "is not a directory"),
         (["serve", "--knob", "oops"], {}, "expected NAME=VALUE"),
+        (
+            ["serve"],
+            {"LOADLENS_KNOB": "scheduling_policy=priority,oops"},
+            "LOADLENS_KNOB='scheduling_policy=priority,oops'",
+        ),
     ],
 )
 def test_user_mistakes_exit_2_with_one_line(argv: list[str], env: dict[str, str], needle: str) -> None:

@@ -1,0 +1,153 @@
+"""The sim overlay, run: its loadlens workloads start with their manifest configuration in an emulated pod
+network, the monitors' targets are up under the rules' job names, load flows from the Locust workers, traces
+leave for the Collector, and the fire-drill XID pages through the PrometheusRule and the AlertmanagerConfig.
+
+The set-up (network, PID and mount namespaces; the operator's config; a stand-in OTLP receiver) is described
+in tests/support/kube.py. It needs root, prometheus and prometheus-alertmanager; outside CI it skips without
+them, and under CI it fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from tests.deploy.support import K8S, kubectl, load_documents
+from tests.support import kube
+
+T = TypeVar("T")
+ADMIN_TOKEN = "drill-admin-token"
+LOADLENS_JOBS = {"loadlens-serve", "loadlens-gpu", "loadlens-pager", "loadlens-loadgen"}
+# fire-drill injects the XID 60 s after the GPU exporter starts; then a scrape (5 s), an evaluation, the
+# critical route's group_wait (5 s) and the webhook.
+PAGE_DEADLINE_S = 150.0
+
+
+def _wait(what: str, check: Callable[[], T | None], timeout: float, cluster: kube.Cluster) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except (OSError, httpx.HTTPError, ValueError, KeyError) as err:  # not listening yet, or not JSON yet
+            result, last = None, err
+        if result:
+            return result
+        time.sleep(1.0)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n{cluster.logs()}")
+
+
+def _render_with_fire_drill(tmp_path: Path) -> list[dict[str, Any]]:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    rel = os.path.relpath(K8S, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {rel}/overlays/sim\ncomponents:\n  - {rel}/components/fire-drill\n"
+    )
+    result = subprocess.run([kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return load_documents(result.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path: Path) -> None:
+    reason = kube.available()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot emulate the cluster: {reason}")
+        pytest.skip(reason)
+    objects = _render_with_fire_drill(tmp_path)
+    secrets = {"loadlens-admin": {"token": ADMIN_TOKEN}}
+    with kube.run_overlay(objects, tmp_path / "run", secrets=secrets) as cluster:
+        # Every loadlens container's readiness probe passes, on the port and path its manifest names.
+        probes = []
+        for wl in (o for o in objects if o["kind"] in {"Deployment", "DaemonSet"}):
+            for c in wl["spec"]["template"]["spec"]["containers"]:
+                probe = c.get("readinessProbe", {}).get("httpGet")
+                if probe and c["image"].startswith("loadlens:"):
+                    port = next(p["containerPort"] for p in c["ports"] if p["name"] == probe["port"])
+                    probes.append((wl["metadata"]["name"], port, probe["path"]))
+        assert {name for name, _, _ in probes} == {
+            "loadlens-serve",
+            "loadlens-gpu-exporter",
+            "loadlens-pager",
+            "locust-master",
+        }
+        for name, port, path in probes:
+            ready = lambda port=port, path=path: cluster.get(port, path).status_code == 200  # noqa: E731
+            _wait(f"{name} ready ({path} on {port})", ready, 60, cluster)
+
+        # The Locust master counts the two worker replicas that dialled locust-master:5557.
+        _wait("2 Locust workers", lambda: len(cluster.get(8089, "/stats/requests").json()["workers"]) == 2, 60, cluster)
+
+        # Prometheus (configured from the monitors) scrapes every loadlens job under the name the rules use.
+        def jobs_up() -> set[str] | None:
+            up = {r["metric"]["job"] for r in cluster.query('up{namespace="loadlens"} == 1')}
+            return up if up >= LOADLENS_JOBS else None
+
+        up = _wait("every loadlens job up", jobs_up, 60, cluster)
+        # The collector is the one target without a process behind it (no Collector binary here).
+        assert up == LOADLENS_JOBS
+        down = {r["metric"]["job"] for r in cluster.query('up{namespace="loadlens"} == 0')}
+        assert down == {"otel-collector"}
+        gpu = cluster.query('loadlens_gpu_memory_total_bytes{job="loadlens-gpu"}')
+        assert gpu and gpu[0]["metric"]["node"] == "node-0", "the PodMonitor's relabeling adds the node"
+
+        # The workers' load reaches serve, and serve's spans reach the collector's OTLP/HTTP port.
+        _wait(
+            "requests counted by serve",
+            lambda: cluster.query('sum(loadlens_requests_total{job="loadlens-serve",code="200"}) > 0'),
+            90,
+            cluster,
+        )
+        exports = cluster.workdir / "otlp-exports"
+        _wait(
+            "spans exported to otel-collector:4318",
+            lambda: exports.exists() and int(exports.read_text()) > 0,
+            30,
+            cluster,
+        )
+
+        # The admin token comes from the (optional) Secret.
+        assert cluster.get(8000, "/admin/knobs").status_code == 401
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        assert cluster.client(8000).get("/admin/knobs", headers=headers).status_code == 200
+
+        # The fire drill pages: XID -> LoadlensGpuXidError -> Alertmanager -> loadlens-pager.loadlens.svc:9095.
+        pages = next(cluster.workdir.glob("volumes/loadlens-pager/data")) / "pages.jsonl"
+
+        def paged() -> dict[str, Any] | None:
+            if not pages.exists():
+                return None
+            for line in pages.read_text().splitlines():
+                note = json.loads(line)
+                for alert in note["alerts"]:
+                    if alert["labels"]["alertname"] == "LoadlensGpuXidError" and alert["status"] == "firing":
+                        return {"receiver": note["receiver"], **alert}
+            return None
+
+        page = _wait("the fire-drill page", paged, PAGE_DEADLINE_S, cluster)
+        assert page["receiver"] == "pager"
+        assert page["labels"]["severity"] == "critical"
+        assert page["labels"]["namespace"] == "loadlens"
+        assert page["labels"]["job"] == "loadlens-gpu"
+        # The operator's target labels survive into the page: where to look, without a query.
+        assert {k: page["labels"][k] for k in ("pod", "container", "node", "gpu")} == {
+            "pod": "loadlens-gpu-exporter-0",
+            "container": "gpu-exporter",
+            "node": "node-0",
+            "gpu": "0",
+        }
+        # Nothing crashed. Only the Locust master may have restarted: it exits while serve is not yet ready
+        # and the kubelet (here the supervisor) starts it again.
+        restarts = cluster.restarts()
+        assert {name: n for name, n in restarts.items() if n and name != "locust-master"} == {}, restarts

@@ -1,0 +1,390 @@
+"""Run a rendered overlay's loadlens workloads as processes, the way a cluster would run their containers.
+
+No cluster or container runtime exists here, so this gives the rendered objects the closest thing to a run:
+
+- **Pod network.** A fresh network namespace (``unshare --net --mount --pid``). Its loopback plays every
+  pod IP, and a bind-mounted ``/etc/hosts`` resolves every Service name (short, ``.loadlens``, ``.svc``,
+  ``.svc.cluster.local``) to it. The ports are the manifests' own, and nothing outside can collide with them.
+- **Containers.** Each loadlens container runs as ``loadlens <args>`` with exactly the manifest's
+  environment, and with ``valueFrom`` Secrets filled from ``secrets`` where given. It is restarted with
+  back-off when it exits (``restartPolicy: Always``). A volume's mount path is rewritten to a temporary
+  directory, the only change made to a container. A Deployment gets one process per replica.
+- **Prometheus Operator.** Prometheus's scrape jobs are built from the ServiceMonitors and PodMonitors, as the
+  operator builds them: the job comes from ``jobLabel``, a Service port is followed to its container port,
+  ``relabelings`` become ``relabel_configs``, and the ``namespace``, ``service``, ``pod``, ``container`` and
+  ``endpoint`` labels are set. The rule file is the PrometheusRule's spec. Alertmanager's config is the
+  AlertmanagerConfig, nested under the operator's ``namespace`` matcher. Both run from the Debian binaries on
+  the ports kube-prometheus-stack gives them (9090, 9093).
+- **Collector.** A stand-in at ``otel-collector:4318`` counts OTLP/HTTP trace exports. The real Collector
+  cannot be installed here.
+
+The test process reaches ports inside the namespace through Unix sockets that the supervisor forwards (like
+``kubectl port-forward``); see ``tests/support/netns_supervisor.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "loadlens"
+PROMETHEUS_PORT = 9090
+ALERTMANAGER_PORT = 9093
+# kube-prometheus-stack's Prometheus as the loadgen master is told to find it (k8s/base/locust.yaml).
+EXTRA_HOSTS = ("kube-prometheus-stack-prometheus.monitoring.svc",)
+# The evaluation interval here; kube-prometheus-stack-values.yaml sets 15 s on a cluster.
+EVALUATION_INTERVAL = "1s"
+
+
+def available() -> str | None:
+    """Why this cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (unshare --net --mount --pid)"
+    for tool in ("unshare", "ip", "prometheus", "prometheus-alertmanager"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed"
+    probe = subprocess.run(
+        ["unshare", "--net", "--mount", "--pid", "--mount-proc", "--fork", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"cannot create namespaces: {probe.stderr.strip()}"
+    return None
+
+
+def _by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def _workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] in {"Deployment", "DaemonSet"}]
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _container_ports(workload: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Port name -> (container name, port number)."""
+    out = {}
+    for c in workload["spec"]["template"]["spec"]["containers"]:
+        for p in c.get("ports", []):
+            out[p["name"]] = (c["name"], p["containerPort"])
+    return out
+
+
+def hosts_file(objects: list[dict[str, Any]]) -> str:
+    names = ["localhost"]
+    for svc in _by_kind(objects, "Service"):
+        n = svc["metadata"]["name"]
+        names += [n, f"{n}.{NAMESPACE}", f"{n}.{NAMESPACE}.svc", f"{n}.{NAMESPACE}.svc.cluster.local"]
+    names += list(EXTRA_HOSTS)
+    return "".join(f"127.0.0.1 {n}\n" for n in names)
+
+
+@dataclass
+class Process:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    ports: list[int] = field(default_factory=list)
+
+
+def processes(
+    objects: list[dict[str, Any]], workdir: Path, secrets: dict[str, dict[str, str]], loadlens: str
+) -> list[Process]:
+    """One process per replica of every loadlens container (other images are not Python programs of ours)."""
+    out = []
+    for wl in _workloads(objects):
+        name = wl["metadata"]["name"]
+        replicas = int(wl["spec"].get("replicas", 1)) if wl["kind"] == "Deployment" else 1
+        pod = wl["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            if not c["image"].startswith("loadlens:"):
+                continue
+            for replica in range(replicas):
+                proc_name = f"{name}-{replica}" if replicas > 1 else name
+                volumes: dict[str, str] = {}
+                for mount in c.get("volumeMounts", []):
+                    path = workdir / "volumes" / proc_name / mount["name"]
+                    path.mkdir(parents=True, exist_ok=True)
+                    volumes[mount["mountPath"]] = str(path)
+                env: dict[str, str] = {}
+                for e in c.get("env", []):
+                    if "value" in e:
+                        value = str(e["value"])
+                        for mount_path in sorted(volumes, key=len, reverse=True):
+                            if value == mount_path or value.startswith(mount_path + "/"):
+                                value = volumes[mount_path] + value[len(mount_path) :]
+                                break
+                        env[e["name"]] = value
+                    elif "secretKeyRef" in e.get("valueFrom", {}):
+                        ref = e["valueFrom"]["secretKeyRef"]
+                        if ref["key"] in secrets.get(ref["name"], {}):
+                            env[e["name"]] = secrets[ref["name"]][ref["key"]]
+                cwd = workdir / "cwd" / proc_name
+                cwd.mkdir(parents=True, exist_ok=True)
+                ports = [p["containerPort"] for p in c.get("ports", [])]
+                out.append(Process(proc_name, [loadlens, *c["args"]], env, str(cwd), ports))
+    return out
+
+
+def _relabel(r: dict[str, Any]) -> dict[str, Any]:
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {keys.get(k, k): v for k, v in r.items()}
+
+
+def prometheus_config(objects: list[dict[str, Any]], rule_file: str) -> dict[str, Any]:
+    """The scrape jobs the Prometheus Operator derives from the monitors (one static target per pod port)."""
+    jobs = []
+    workloads = _workloads(objects)
+    for sm in _by_kind(objects, "ServiceMonitor"):
+        for svc in _by_kind(objects, "Service"):
+            if not _selects(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"]):
+                continue
+            pods = [
+                w for w in workloads if _selects(svc["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
+            ]
+            job = svc["metadata"]["labels"].get(sm["spec"].get("jobLabel", ""), svc["metadata"]["name"])
+            for i, ep in enumerate(sm["spec"]["endpoints"]):
+                port = next(p for p in svc["spec"]["ports"] if p["name"] == ep["port"])
+                targets = []
+                for pod in pods:
+                    container, number = _container_ports(pod)[port["targetPort"]]
+                    labels = {
+                        "namespace": NAMESPACE,
+                        "service": svc["metadata"]["name"],
+                        "endpoint": ep["port"],
+                        "pod": f"{pod['metadata']['name']}-0",
+                        "container": container,
+                        "job": job,
+                    }
+                    targets.append({"targets": [f"127.0.0.1:{number}"], "labels": labels})
+                jobs.append(_job(f"serviceMonitor/{NAMESPACE}/{sm['metadata']['name']}/{i}", ep, targets))
+    for pm in _by_kind(objects, "PodMonitor"):
+        pods = [
+            w
+            for w in workloads
+            if _selects(pm["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])
+        ]
+        for i, ep in enumerate(pm["spec"]["podMetricsEndpoints"]):
+            targets = []
+            for pod in pods:
+                pod_labels = pod["spec"]["template"]["metadata"]["labels"]
+                job = pod_labels.get(pm["spec"].get("jobLabel", ""), f"{NAMESPACE}/{pm['metadata']['name']}")
+                container, number = _container_ports(pod)[ep["port"]]
+                labels = {
+                    "namespace": NAMESPACE,
+                    "pod": f"{pod['metadata']['name']}-0",
+                    "container": container,
+                    "job": job,
+                    "__meta_kubernetes_pod_node_name": "node-0",
+                }
+                targets.append({"targets": [f"127.0.0.1:{number}"], "labels": labels})
+            jobs.append(_job(f"podMonitor/{NAMESPACE}/{pm['metadata']['name']}/{i}", ep, targets))
+    return {
+        "global": {"scrape_interval": "30s", "evaluation_interval": EVALUATION_INTERVAL},
+        "rule_files": [rule_file],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ALERTMANAGER_PORT}"]}]}]},
+        "scrape_configs": jobs,
+    }
+
+
+def _job(name: str, endpoint: dict[str, Any], targets: list[dict[str, Any]]) -> dict[str, Any]:
+    job: dict[str, Any] = {
+        "job_name": name,
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "static_configs": targets,
+        # The operator keeps the target's job label (honor_labels false, but `job` set by relabeling).
+        "honor_labels": False,
+    }
+    if "interval" in endpoint:
+        job["scrape_interval"] = endpoint["interval"]
+    if "scrapeTimeout" in endpoint:
+        job["scrape_timeout"] = endpoint["scrapeTimeout"]
+    if endpoint.get("relabelings"):
+        job["relabel_configs"] = [_relabel(r) for r in endpoint["relabelings"]]
+    return job
+
+
+def alertmanager_config(amc: dict[str, Any]) -> dict[str, Any]:
+    """The AlertmanagerConfig as the operator merges it: its route nested under `namespace="<its namespace>"`."""
+    spec = amc["spec"]
+
+    def matcher(m: dict[str, str]) -> str:
+        value = m["value"].replace("\\", "\\\\").replace('"', '\\"')
+        return f'{m["name"]}{m.get("matchType", "=")}"{value}"'
+
+    keys = {"receiver": "receiver", "groupBy": "group_by", "groupWait": "group_wait"}
+    keys |= {"groupInterval": "group_interval", "repeatInterval": "repeat_interval", "continue": "continue"}
+
+    def route(r: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {keys[k]: v for k, v in r.items() if k in keys}
+        if "matchers" in r:
+            out["matchers"] = [matcher(m) for m in r["matchers"]]
+        if "routes" in r:
+            out["routes"] = [route(x) for x in r["routes"]]
+        return out
+
+    webhook = {"url": "url", "sendResolved": "send_resolved", "maxAlerts": "max_alerts"}
+    receivers: list[dict[str, Any]] = [{"name": "cluster-default"}]
+    for r in spec["receivers"]:
+        native: dict[str, Any] = {"name": r["name"]}
+        if "webhookConfigs" in r:
+            native["webhook_configs"] = [{webhook[k]: v for k, v in w.items()} for w in r["webhookConfigs"]]
+        receivers.append(native)
+    namespaced = {**route(spec["route"])}
+    namespaced["matchers"] = [f'namespace="{NAMESPACE}"', *namespaced.get("matchers", [])]
+    return {
+        "route": {"receiver": "cluster-default", "group_wait": "1s", "routes": [namespaced]},
+        "receivers": receivers,
+        "inhibit_rules": [
+            {
+                "source_matchers": [f'namespace="{NAMESPACE}"', *(matcher(m) for m in r["sourceMatch"])],
+                "target_matchers": [f'namespace="{NAMESPACE}"', *(matcher(m) for m in r["targetMatch"])],
+                "equal": r["equal"],
+            }
+            for r in spec["inhibitRules"]
+        ],
+    }
+
+
+class Cluster:
+    """A running emulation; `get(port, path)` reaches a port inside the namespace."""
+
+    def __init__(self, workdir: Path, proc: subprocess.Popen[bytes], ports: list[int]) -> None:
+        self.workdir = workdir
+        self.proc = proc
+        self.ports = ports
+        self._clients: dict[int, httpx.Client] = {}
+
+    def client(self, port: int) -> httpx.Client:
+        if port not in self._clients:
+            transport = httpx.HTTPTransport(uds=str(self.workdir / "sock" / f"{port}.sock"))
+            self._clients[port] = httpx.Client(transport=transport, base_url="http://pod", timeout=5.0)
+        return self._clients[port]
+
+    def get(self, port: int, path: str) -> httpx.Response:
+        return self.client(port).get(path)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        body = self.client(PROMETHEUS_PORT).get("/api/v1/query", params={"query": expr}).json()
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
+    def restarts(self) -> dict[str, int]:
+        path = self.workdir / "restarts.json"
+        return dict(json.loads(path.read_text())) if path.exists() else {}
+
+    def logs(self) -> str:
+        out = []
+        for path in sorted((self.workdir / "logs").glob("*.log")):
+            out.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        if self.proc.poll() is None:
+            # unshare, and the supervisor it forked, share this process group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def run_overlay(
+    objects: list[dict[str, Any]], workdir: Path, *, secrets: dict[str, dict[str, str]] | None = None
+) -> Iterator[Cluster]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    loadlens = str(Path(sys.executable).parent / "loadlens")
+    procs = processes(objects, workdir, secrets or {}, loadlens)
+    (workdir / "hosts").write_text(hosts_file(objects))
+    (workdir / "rules.yaml").write_text(yaml.safe_dump(_by_kind(objects, "PrometheusRule")[0]["spec"]))
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(objects, str(workdir / "rules.yaml"))))
+    (workdir / "alertmanager.yml").write_text(
+        yaml.safe_dump(alertmanager_config(_by_kind(objects, "AlertmanagerConfig")[0]))
+    )
+    for d in ("prometheus-data", "alertmanager-data", "logs", "sock"):
+        (workdir / d).mkdir(exist_ok=True)
+    infra = [
+        Process(
+            "prometheus",
+            [
+                "prometheus",
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}",
+                "--enable-feature=exemplar-storage",
+                "--rules.alert.resend-delay=1s",
+            ],
+            {},
+            str(workdir),
+            [PROMETHEUS_PORT],
+        ),
+        Process(
+            "alertmanager",
+            [
+                "prometheus-alertmanager",
+                f"--config.file={workdir / 'alertmanager.yml'}",
+                f"--storage.path={workdir / 'alertmanager-data'}",
+                f"--web.listen-address=127.0.0.1:{ALERTMANAGER_PORT}",
+                "--cluster.listen-address=",
+            ],
+            {},
+            str(workdir),
+            [ALERTMANAGER_PORT],
+        ),
+    ]
+    spec = {
+        "processes": [p.__dict__ for p in [*infra, *procs]],
+        "base_env": {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"}},
+        "forward": sorted({port for p in [*infra, *procs] for port in p.ports}),
+        "otlp_sink_port": 4318,
+        "workdir": str(workdir),
+    }
+    (workdir / "spec.json").write_text(json.dumps(spec, indent=2))
+    script = (
+        f"mount --bind {workdir / 'hosts'} /etc/hosts && ip link set lo up && "
+        f"exec {sys.executable} -m tests.support.netns_supervisor {workdir / 'spec.json'}"
+    )
+    proc = subprocess.Popen(
+        # A PID namespace too: the supervisor is its init, so when it ends the kernel ends every process left.
+        ["unshare", "--net", "--mount", "--pid", "--mount-proc", "--fork", "sh", "-c", script],
+        cwd=ROOT,
+        stdout=(workdir / "logs" / "supervisor.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    cluster = Cluster(workdir, proc, spec["forward"])
+    try:
+        deadline = time.monotonic() + 20
+        while not (workdir / "sock" / "ready").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"supervisor did not start (rc={proc.poll()}):\n{cluster.logs()}")
+            time.sleep(0.1)
+        yield cluster
+    finally:
+        cluster.close()
