@@ -405,7 +405,8 @@ def gpu_alert_group(c: Ctx) -> dict[str, Any]:
             "0s",  # an XID is an event: page on the first one
             "critical",
             "The GPU driver reported an XID error.",
-            "GPU {{ $labels.gpu }} reported {{ $value | humanize }} XID events in 5m; see "
+            # increase() extrapolates over the window (one event reads as 1.09); events are whole numbers.
+            'GPU {{ $labels.gpu }} reported {{ printf "%.0f" $value }} XID event(s) in the last 5m; see '
             "loadlens_gpu_xid_errors_total for the codes.",
             component="gpu",
         ),

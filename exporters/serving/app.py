@@ -85,7 +85,9 @@ class ServingState:
         self.registry = registry
         self.slos = settings.slos or load_slos()
         self.metrics = ServingMetrics(registry, self.slos, engine.name, __version__)
-        self.tracing = tracing or Tracing.from_env(__version__, self.metrics.spans_dropped.inc)
+        self.tracing = tracing or Tracing.from_env(
+            __version__, lambda reason, n: self.metrics.spans_dropped.labels(reason).inc(n)
+        )
         self.logger = RequestLogger(settings.log_format)
         self.adapters = AdapterRegistry()
         self.base_model = ""

@@ -204,9 +204,13 @@ class ServingMetrics:
         )
         self.spans_dropped = Counter(
             "loadlens_trace_spans_dropped",
-            "Spans dropped because the export queue was full (exporting never blocks requests).",
+            "Spans that never reached the collector: export queue full (exporting never blocks requests), "
+            "or export failed after the exporter's retries.",
+            ["reason"],
             registry=registry,
         )
+        for reason in ("queue_full", "export_failed"):
+            self.spans_dropped.labels(reason)
         self.build_info = Gauge(
             "loadlens_build_info",
             "Always 1; labels carry the loadlens version and the engine in use.",

@@ -5,7 +5,9 @@ endpoint is set, and never in a request's way.
   ``OTEL_TRACES_EXPORTER`` is not ``none``. Protocol from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` /
   ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf`` default; ``grpc`` needs the gRPC exporter package).
 - Spans go through :class:`BoundedSpanProcessor`: a fixed-size queue drained by one thread. A full queue
-  drops the span and counts it (``loadlens_trace_spans_dropped_total``); ``on_end`` never blocks.
+  drops the span (``reason="queue_full"``), and so does an export the exporter gives up on after its retries
+  (``reason="export_failed"``, e.g. no collector listening); both count in
+  ``loadlens_trace_spans_dropped_total{reason}``. ``on_end`` never blocks.
 - With tracing off, requests still get W3C ids (from ``traceparent`` or fresh) for logs and exemplars.
 """
 
@@ -23,11 +25,16 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 log = logging.getLogger("loadlens.tracing")
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+# Reasons a span never reaches the collector (label values of loadlens_trace_spans_dropped_total).
+QUEUE_FULL = "queue_full"
+EXPORT_FAILED = "export_failed"
 
 
 class BoundedSpanProcessor(SpanProcessor):
@@ -40,13 +47,13 @@ class BoundedSpanProcessor(SpanProcessor):
         max_queue: int = 2048,
         max_batch: int = 512,
         interval_s: float = 1.0,
-        on_drop: Callable[[], None] | None = None,
+        on_drop: Callable[[str, int], None] | None = None,
     ) -> None:
         self._exporter = exporter
         self._queue: queue.Queue[ReadableSpan] = queue.Queue(maxsize=max_queue)
         self._max_batch = max_batch
         self._interval = interval_s
-        self._on_drop = on_drop or (lambda: None)
+        self._on_drop = on_drop or (lambda reason, count: None)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="loadlens-span-export", daemon=True)
         self._thread.start()
@@ -58,7 +65,7 @@ class BoundedSpanProcessor(SpanProcessor):
         try:
             self._queue.put_nowait(span)
         except queue.Full:
-            self._on_drop()
+            self._on_drop(QUEUE_FULL, 1)
 
     def _drain(self) -> list[ReadableSpan]:
         batch: list[ReadableSpan] = []
@@ -71,9 +78,12 @@ class BoundedSpanProcessor(SpanProcessor):
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
         try:
-            self._exporter.export(batch)
+            result = self._exporter.export(batch)
         except Exception:  # an exporter bug must not kill the export thread
             log.exception("span export failed; %d spans lost", len(batch))
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self._on_drop(EXPORT_FAILED, len(batch))
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -144,7 +154,7 @@ class Tracing:
 
     @classmethod
     def from_env(
-        cls, service_version: str, on_drop: Callable[[], None], exporter: SpanExporter | None = None
+        cls, service_version: str, on_drop: Callable[[str, int], None], exporter: SpanExporter | None = None
     ) -> Tracing:
         """Configure from OTEL_* (or with an explicit exporter, for tests)."""
         if exporter is None:

@@ -117,6 +117,13 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
             cluster,
         )
 
+        # ...and none of them was lost on the way (the stand-in answers like a collector).
+        dropped = cluster.query('sum by (reason) (loadlens_trace_spans_dropped_total{job="loadlens-serve"})')
+        assert {r["metric"]["reason"]: float(r["value"][1]) for r in dropped} == {
+            "queue_full": 0.0,
+            "export_failed": 0.0,
+        }
+
         # The admin token comes from the (optional) Secret.
         assert cluster.get(8000, "/admin/knobs").status_code == 401
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -140,6 +147,7 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
         assert page["labels"]["severity"] == "critical"
         assert page["labels"]["namespace"] == "loadlens"
         assert page["labels"]["job"] == "loadlens-gpu"
+        assert page["annotations"]["description"].startswith("GPU 0 reported 1 XID event(s) in the last 5m")
         # The operator's target labels survive into the page: where to look, without a query.
         assert {k: page["labels"][k] for k in ("pod", "container", "node", "gpu")} == {
             "pod": "loadlens-gpu-exporter-0",

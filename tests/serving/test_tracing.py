@@ -72,7 +72,12 @@ class _SlowExporter(SpanExporter):
 def test_full_export_queue_drops_and_counts_without_blocking() -> None:
     exporter = _SlowExporter()
     drops: list[int] = []
-    proc = BoundedSpanProcessor(exporter, max_queue=2, interval_s=0.01, on_drop=lambda: drops.append(1))
+
+    def on_drop(reason: str, count: int) -> None:
+        assert reason == "queue_full"
+        drops.extend([1] * count)
+
+    proc = BoundedSpanProcessor(exporter, max_queue=2, interval_s=0.01, on_drop=on_drop)
     span = object()
     for _ in range(10):
         proc.on_end(span)  # type: ignore[arg-type]
@@ -80,6 +85,33 @@ def test_full_export_queue_drops_and_counts_without_blocking() -> None:
     assert 6 <= len(drops) <= 8
     exporter.gate.set()
     proc.shutdown()
+
+
+class _FailingExporter(SpanExporter):
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self.raises:
+            raise RuntimeError("exporter bug")
+        return SpanExportResult.FAILURE  # what the OTLP exporters return once their retries are spent
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["failure-result", "exception"])
+def test_failed_export_counts_every_span_of_the_batch(raises: bool) -> None:
+    drops: list[tuple[str, int]] = []
+    proc = BoundedSpanProcessor(
+        _FailingExporter(raises), interval_s=0.01, on_drop=lambda reason, n: drops.append((reason, n))
+    )
+    for _ in range(3):
+        proc.on_end(object())  # type: ignore[arg-type]
+    proc.force_flush()
+    proc.shutdown()
+    assert sum(n for _, n in drops) == 3
+    assert {reason for reason, _ in drops} == {"export_failed"}
 
 
 def test_tracing_env_switch() -> None:
