@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.deploy.support import K8S, kubectl, load_documents
-from tests.support import kube
+from tests.support import kube, netns
 
 T = TypeVar("T")
 ADMIN_TOKEN = "drill-admin-token"
@@ -31,7 +31,7 @@ LOADLENS_JOBS = {"loadlens-serve", "loadlens-gpu", "loadlens-pager", "loadlens-l
 PAGE_DEADLINE_S = 150.0
 
 
-def _wait(what: str, check: Callable[[], T | None], timeout: float, cluster: kube.Cluster) -> T:
+def _wait(what: str, check: Callable[[], T | None], timeout: float, cluster: netns.Sandbox) -> T:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -109,13 +109,7 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
             90,
             cluster,
         )
-        exports = cluster.workdir / "otlp-exports"
-        _wait(
-            "spans exported to otel-collector:4318",
-            lambda: exports.exists() and int(exports.read_text()) > 0,
-            30,
-            cluster,
-        )
+        _wait("spans exported to otel-collector:4318", lambda: cluster.otlp_exports() > 0, 30, cluster)
 
         # ...and none of them was lost on the way (the stand-in answers like a collector).
         dropped = cluster.query('sum by (reason) (loadlens_trace_spans_dropped_total{job="loadlens-serve"})')

@@ -1,48 +1,40 @@
-"""Run a rendered overlay's loadlens workloads as processes, the way a cluster would run their containers.
+"""Run a rendered overlay's loadlens workloads in a sandbox (tests/support/netns.py), as a cluster would.
 
-No cluster or container runtime exists here, so this gives the rendered objects the closest thing to a run:
+What this adds to the sandbox:
 
-- **Pod network.** A fresh network namespace (``unshare --net --mount --pid``). Its loopback plays every
-  pod IP, and a bind-mounted ``/etc/hosts`` resolves every Service name (short, ``.loadlens``, ``.svc``,
-  ``.svc.cluster.local``) to it. The ports are the manifests' own, and nothing outside can collide with them.
+- **Service names.** Every Service resolves by its short name, ``.loadlens``, ``.svc`` and
+  ``.svc.cluster.local``, and so does kube-prometheus-stack's Prometheus.
 - **Containers.** Each loadlens container runs as ``loadlens <args>`` with exactly the manifest's
-  environment, and with ``valueFrom`` Secrets filled from ``secrets`` where given. It is restarted with
-  back-off when it exits (``restartPolicy: Always``). A volume's mount path is rewritten to a temporary
-  directory, the only change made to a container. A Deployment gets one process per replica.
+  environment, and with ``valueFrom`` Secrets filled from ``secrets`` where given.
+  - A volume's mount path is rewritten to a temporary directory. That is the only change made to a
+    container.
+  - A Deployment gets one process per replica.
+  - A container that exits is restarted with back-off (``restartPolicy: Always``).
 - **Prometheus Operator.** Prometheus's scrape jobs are built from the ServiceMonitors and PodMonitors, as the
-  operator builds them: the job comes from ``jobLabel``, a Service port is followed to its container port,
-  ``relabelings`` become ``relabel_configs``, and the ``namespace``, ``service``, ``pod``, ``container`` and
-  ``endpoint`` labels are set. The rule file is the PrometheusRule's spec. Alertmanager's config is the
-  AlertmanagerConfig, nested under the operator's ``namespace`` matcher. Both run from the Debian binaries on
-  the ports kube-prometheus-stack gives them (9090, 9093).
-- **Collector.** A stand-in at ``otel-collector:4318`` counts OTLP/HTTP trace exports. The real Collector
-  cannot be installed here.
+  operator builds them:
+  - the job comes from ``jobLabel``;
+  - a Service port is followed to its container port;
+  - ``relabelings`` become ``relabel_configs``;
+  - the ``namespace``, ``service``, ``pod``, ``container`` and ``endpoint`` labels are set.
 
-The test process reaches ports inside the namespace through Unix sockets that the supervisor forwards (like
-``kubectl port-forward``); see ``tests/support/netns_supervisor.py``.
+  The rule file is the PrometheusRule's spec. Alertmanager's config is the AlertmanagerConfig, nested under
+  the operator's ``namespace`` matcher. Both run from the Debian binaries on the ports kube-prometheus-stack
+  gives them (9090, 9093).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import netns
+from tests.support.netns import PROMETHEUS_PORT, Process
+
 NAMESPACE = "loadlens"
-PROMETHEUS_PORT = 9090
 ALERTMANAGER_PORT = 9093
 # kube-prometheus-stack's Prometheus as the loadgen master is told to find it (k8s/base/locust.yaml).
 EXTRA_HOSTS = ("kube-prometheus-stack-prometheus.monitoring.svc",)
@@ -52,20 +44,7 @@ EVALUATION_INTERVAL = "1s"
 
 def available() -> str | None:
     """Why this cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "needs root (unshare --net --mount --pid)"
-    for tool in ("unshare", "ip", "prometheus", "prometheus-alertmanager"):
-        if shutil.which(tool) is None:
-            return f"{tool} not installed"
-    probe = subprocess.run(
-        ["unshare", "--net", "--mount", "--pid", "--mount-proc", "--fork", "true"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if probe.returncode != 0:
-        return f"cannot create namespaces: {probe.stderr.strip()}"
-    return None
+    return netns.available("prometheus", "prometheus-alertmanager")
 
 
 def _by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -89,22 +68,12 @@ def _container_ports(workload: dict[str, Any]) -> dict[str, tuple[str, int]]:
     return out
 
 
-def hosts_file(objects: list[dict[str, Any]]) -> str:
-    names = ["localhost"]
+def service_names(objects: list[dict[str, Any]]) -> list[str]:
+    names = []
     for svc in _by_kind(objects, "Service"):
         n = svc["metadata"]["name"]
         names += [n, f"{n}.{NAMESPACE}", f"{n}.{NAMESPACE}.svc", f"{n}.{NAMESPACE}.svc.cluster.local"]
-    names += list(EXTRA_HOSTS)
-    return "".join(f"127.0.0.1 {n}\n" for n in names)
-
-
-@dataclass
-class Process:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    ports: list[int] = field(default_factory=list)
+    return [*names, *EXTRA_HOSTS]
 
 
 def processes(
@@ -266,68 +235,18 @@ def alertmanager_config(amc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class Cluster:
-    """A running emulation; `get(port, path)` reaches a port inside the namespace."""
-
-    def __init__(self, workdir: Path, proc: subprocess.Popen[bytes], ports: list[int]) -> None:
-        self.workdir = workdir
-        self.proc = proc
-        self.ports = ports
-        self._clients: dict[int, httpx.Client] = {}
-
-    def client(self, port: int) -> httpx.Client:
-        if port not in self._clients:
-            transport = httpx.HTTPTransport(uds=str(self.workdir / "sock" / f"{port}.sock"))
-            self._clients[port] = httpx.Client(transport=transport, base_url="http://pod", timeout=5.0)
-        return self._clients[port]
-
-    def get(self, port: int, path: str) -> httpx.Response:
-        return self.client(port).get(path)
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        body = self.client(PROMETHEUS_PORT).get("/api/v1/query", params={"query": expr}).json()
-        assert body["status"] == "success", body
-        return list(body["data"]["result"])
-
-    def restarts(self) -> dict[str, int]:
-        path = self.workdir / "restarts.json"
-        return dict(json.loads(path.read_text())) if path.exists() else {}
-
-    def logs(self) -> str:
-        out = []
-        for path in sorted((self.workdir / "logs").glob("*.log")):
-            out.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
-        return "\n".join(out)
-
-    def close(self) -> None:
-        for c in self._clients.values():
-            c.close()
-        if self.proc.poll() is None:
-            # unshare, and the supervisor it forked, share this process group.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-
-
 @contextlib.contextmanager
 def run_overlay(
     objects: list[dict[str, Any]], workdir: Path, *, secrets: dict[str, dict[str, str]] | None = None
-) -> Iterator[Cluster]:
+) -> Iterator[netns.Sandbox]:
     workdir.mkdir(parents=True, exist_ok=True)
-    loadlens = str(Path(sys.executable).parent / "loadlens")
-    procs = processes(objects, workdir, secrets or {}, loadlens)
-    (workdir / "hosts").write_text(hosts_file(objects))
+    procs = processes(objects, workdir, secrets or {}, netns.loadlens_bin())
     (workdir / "rules.yaml").write_text(yaml.safe_dump(_by_kind(objects, "PrometheusRule")[0]["spec"]))
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(objects, str(workdir / "rules.yaml"))))
     (workdir / "alertmanager.yml").write_text(
         yaml.safe_dump(alertmanager_config(_by_kind(objects, "AlertmanagerConfig")[0]))
     )
-    for d in ("prometheus-data", "alertmanager-data", "logs", "sock"):
+    for d in ("prometheus-data", "alertmanager-data"):
         (workdir / d).mkdir(exist_ok=True)
     infra = [
         Process(
@@ -358,33 +277,5 @@ def run_overlay(
             [ALERTMANAGER_PORT],
         ),
     ]
-    spec = {
-        "processes": [p.__dict__ for p in [*infra, *procs]],
-        "base_env": {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"}},
-        "forward": sorted({port for p in [*infra, *procs] for port in p.ports}),
-        "otlp_sink_port": 4318,
-        "workdir": str(workdir),
-    }
-    (workdir / "spec.json").write_text(json.dumps(spec, indent=2))
-    script = (
-        f"mount --bind {workdir / 'hosts'} /etc/hosts && ip link set lo up && "
-        f"exec {sys.executable} -m tests.support.netns_supervisor {workdir / 'spec.json'}"
-    )
-    proc = subprocess.Popen(
-        # A PID namespace too: the supervisor is its init, so when it ends the kernel ends every process left.
-        ["unshare", "--net", "--mount", "--pid", "--mount-proc", "--fork", "sh", "-c", script],
-        cwd=ROOT,
-        stdout=(workdir / "logs" / "supervisor.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    cluster = Cluster(workdir, proc, spec["forward"])
-    try:
-        deadline = time.monotonic() + 20
-        while not (workdir / "sock" / "ready").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"supervisor did not start (rc={proc.poll()}):\n{cluster.logs()}")
-            time.sleep(0.1)
-        yield cluster
-    finally:
-        cluster.close()
+    with netns.run([*infra, *procs], service_names(objects), workdir) as sandbox:
+        yield sandbox
