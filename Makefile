@@ -5,12 +5,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv system-deps k8s-tools k8s-render demo test lint typecheck bench fixtures generate clean
+.PHONY: help venv system-deps k8s-tools k8s-render demo test lint typecheck bench gpu-check fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
+	@echo "make gpu-check - on a GPU host: check the GPU exporter against real NVML (needs torch)"
 	@echo "make lint   - ruff"
 	@echo "make generate - regenerate derived files (alerts/, dashboards/, deploy/compose/, k8s/base/generated/)"
 	@echo "make k8s-render OVERLAY=sim|gpu - print the Kubernetes objects of an overlay"
@@ -56,6 +57,10 @@ typecheck: venv
 
 bench: venv
 	$(PY) -m benchmarks
+
+# On a GPU host: the nvml backend and the in-process allocator collector against real hardware (~40 s, needs torch).
+gpu-check: venv
+	$(PY) -m benchmarks.gpu_nvml_check --out results/gpu-check
 
 generate: venv
 	$(PY) -m exporters.alerting.generate

@@ -157,7 +157,6 @@ def _nvml_loads() -> bool:
 def build_backend(args: argparse.Namespace) -> tuple[Nvml, str]:
     from exporters.gpu.faults import FaultSpecError, parse_faults
     from exporters.gpu.nvml import Nvml
-    from exporters.gpu.sim import SimNvml, open_source
 
     backend = args.backend
     if backend == "auto":
@@ -170,6 +169,9 @@ def build_backend(args: argparse.Namespace) -> tuple[Nvml, str]:
         if (args.sim_faults or "").strip():
             raise UsageError("--sim-faults needs the sim backend (--backend sim)")
         return Nvml(), "nvml"
+    # Imported here: the sim backend needs pydantic, which a lean install on a GPU node may not have.
+    from exporters.gpu.sim import SimNvml, open_source
+
     try:
         source = open_source(args.sim_url)
     except ValueError as err:

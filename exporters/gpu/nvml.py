@@ -15,6 +15,7 @@ is identical for real and simulated GPUs. Every NVML failure becomes an :class:`
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import functools
 from collections.abc import Callable, Sequence
@@ -65,6 +66,19 @@ def error_name(code: int) -> str:
     """
     name = type(pynvml.NVMLError(code)).__name__
     return name.removeprefix("NVMLError_") if name != "NVMLError" else "Unknown"
+
+
+def _handle_key(handle: Any) -> Any:
+    """A dictionary key for a device handle: pynvml's are ctypes pointers (unhashable), keyed by address."""
+    try:
+        hash(handle)
+        return handle
+    except TypeError:
+        pass
+    try:
+        return ("address", ctypes.cast(handle, ctypes.c_void_p).value)
+    except (TypeError, ctypes.ArgumentError):
+        return None
 
 
 class NvmlError(Exception):
@@ -195,6 +209,10 @@ class Nvml:
     def __init__(self, api: Any = None) -> None:
         self._api: Any = pynvml if api is None else api
         self._memory_v2 = True  # cleared for good once the driver says it lacks memory info v2 (< 515)
+        # Per-device constants, read once per handle: nvmlDeviceGetMaxClockInfo took 1.3 ms (p50) per call on
+        # an H200 (benchmarks/gpu_nvml_check.py), on every scrape, for a value that never changes. Cleared by
+        # init/shutdown, so a re-initialised NVML (new handles) is asked again.
+        self._constants: dict[tuple[str, Any], Any] = {}
 
     @property
     def api(self) -> Any:
@@ -218,9 +236,20 @@ class Nvml:
     def init(self) -> None:
         self._call("nvmlInit")
         self._memory_v2 = True
+        self._constants.clear()
 
     def shutdown(self) -> None:
+        self._constants.clear()
         self._call("nvmlShutdown")
+
+    def _constant(self, key: str, handle: Any, read: Callable[[], Any]) -> Any:
+        """``read()`` once per device handle; a failure is not remembered (the next call asks again)."""
+        slot = (key, _handle_key(handle))
+        if slot[1] is None:
+            return read()
+        if slot not in self._constants:
+            self._constants[slot] = read()
+        return self._constants[slot]
 
     def driver_version(self) -> str:
         return _text(self._call("nvmlSystemGetDriverVersion"))
@@ -324,7 +353,9 @@ class Nvml:
         return int(self._call("nvmlDeviceGetClockInfo", handle, pynvml.NVML_CLOCK_MEM)) * 1e6
 
     def max_sm_clock_hz(self, handle: Any) -> float:
-        return int(self._call("nvmlDeviceGetMaxClockInfo", handle, pynvml.NVML_CLOCK_SM)) * 1e6
+        """The board's maximum SM clock: a constant, read once per handle."""
+        read = lambda: int(self._call("nvmlDeviceGetMaxClockInfo", handle, pynvml.NVML_CLOCK_SM)) * 1e6  # noqa: E731
+        return float(self._constant("max_sm_clock", handle, read))
 
     def clock_event_reasons(self, handle: Any) -> int:
         return int(self._call("nvmlDeviceGetCurrentClocksEventReasons", handle))

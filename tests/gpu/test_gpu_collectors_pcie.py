@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pynvml
@@ -35,3 +37,51 @@ def test_pcie_unsupported_in_sim(rig: SimRig, registry: CollectorRegistry) -> No
     got = Scraped(registry)
     assert got.series("loadlens_gpu_pcie_tx_bytes_per_second") == {}
     assert got.get("loadlens_gpu_collector_success", {"collector": "pcie"}) == 1
+
+
+class SlowPcie(WithPcie):
+    """Each read blocks like NVML's 20 ms sampling window; records how many overlap."""
+
+    def __init__(self, sim: Any) -> None:
+        super().__init__(sim)
+        self.lock = threading.Lock()
+        self.active = 0
+        self.max_active = 0
+        self.calls = 0
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        with self.lock:
+            self.active += 1
+            self.calls += 1
+            self.max_active = max(self.max_active, self.active)
+        time.sleep(0.05)
+        with self.lock:
+            self.active -= 1
+        return super().nvmlDeviceGetPcieThroughput(handle, counter)
+
+
+def test_pcie_reads_of_every_gpu_and_direction_overlap(rig: SimRig, registry: CollectorRegistry) -> None:
+    slow = SlowPcie(rig.sim)
+    rig.nvml._api = slow
+    PcieCollector(rig.session, registry=registry)
+    got = Scraped(registry)
+    gpus = len(got.series("loadlens_gpu_pcie_tx_bytes_per_second"))
+    assert gpus == 2
+    assert slow.calls == 2 * gpus
+    # All four reads were in flight at once: a scrape waits one sampling window, not four.
+    assert slow.max_active == 2 * gpus
+
+
+class FailingPcie(WithPcie):
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        raise pynvml.NVMLError_GpuIsLost()
+
+
+def test_a_lost_gpu_in_a_concurrent_read_is_still_classified(rig: SimRig, registry: CollectorRegistry) -> None:
+    rig.nvml._api = FailingPcie(rig.sim)
+    PcieCollector(rig.session, registry=registry)
+    got = Scraped(registry)
+    assert got.series("loadlens_gpu_pcie_tx_bytes_per_second") == {}
+    # A lost GPU is the device collector's news (device_up 0); the pcie collector still did its job.
+    assert got.get("loadlens_gpu_collector_success", {"collector": "pcie"}) == 1
+    assert {d.index for d in rig.session.devices()} == set()

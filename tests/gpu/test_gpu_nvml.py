@@ -5,6 +5,7 @@ The fake returns pynvml's own ctypes structures, so attribute names and types ar
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pynvml
@@ -242,3 +243,51 @@ def test_error_classification(code: int, name: str, kind: ErrorKind) -> None:
     err = NvmlError(code, "nvmlDeviceGetX")
     assert (err.name, err.kind) == (name, kind)
     assert error_name(code) == name
+
+
+class _CountingMaxClock:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = True
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: int) -> int:
+        self.calls += 1
+        if self.fail:
+            raise pynvml.NVMLError_Unknown()
+        return 1980 if handle == "a" else 1755
+
+
+def test_max_sm_clock_is_read_once_per_handle_and_failures_are_not_remembered() -> None:
+    api = _CountingMaxClock()
+    nvml = Nvml(api)
+    with pytest.raises(NvmlError):
+        nvml.max_sm_clock_hz("a")
+    api.fail = False
+    assert [nvml.max_sm_clock_hz("a") for _ in range(3)] == [1_980_000_000.0] * 3
+    assert nvml.max_sm_clock_hz("b") == 1_755_000_000.0
+    assert api.calls == 3  # the failure, then one read per handle
+    nvml.shutdown()
+    nvml.init()
+    assert nvml.max_sm_clock_hz("a") == 1_980_000_000.0
+    assert api.calls == 4  # a new NVML session reads again
+
+
+def test_max_sm_clock_cache_works_with_pynvml_handles() -> None:
+    # pynvml's device handles are ctypes pointers, which cannot be hashed; the cache keys them by address.
+    api = _CountingMaxClock()
+    api.fail = False
+    api.nvmlDeviceGetMaxClockInfo = lambda handle, clock: (setattr(api, "calls", api.calls + 1), 1410)[1]  # type: ignore[method-assign]
+    nvml = Nvml(api)
+    first, second = pynvml.c_nvmlDevice_t(), pynvml.c_nvmlDevice_t()
+    ctypes.memmove(ctypes.addressof(first), ctypes.byref(ctypes.c_void_p(0x1000)), ctypes.sizeof(ctypes.c_void_p))
+    ctypes.memmove(ctypes.addressof(second), ctypes.byref(ctypes.c_void_p(0x2000)), ctypes.sizeof(ctypes.c_void_p))
+    for _ in range(3):
+        assert nvml.max_sm_clock_hz(first) == 1_410_000_000.0
+        assert nvml.max_sm_clock_hz(second) == 1_410_000_000.0
+    assert api.calls == 2
