@@ -68,6 +68,16 @@ def prometheus() -> dict[str, Any]:
         if job["job_name"] == serve_job:
             upstream = {"names": [HOSTS["upstream"]], "type": "A", "port": CONTAINER_PORT["upstream"]}
             job["dns_sd_configs"] = [{**upstream, "refresh_interval": "30s"}]
+            # A discovered target's instance would be the container's IP, which changes on every restart;
+            # name it like the static targets (`vllm:8001`). Static targets have no __meta_dns_name.
+            job["relabel_configs"] = [
+                {
+                    "source_labels": ["__meta_dns_name"],
+                    "regex": "(.+)",
+                    "target_label": "instance",
+                    "replacement": f"$1:{CONTAINER_PORT['upstream']}",
+                }
+            ]
     return config
 
 

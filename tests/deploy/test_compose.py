@@ -133,6 +133,10 @@ def test_vllm_metrics_join_the_serving_job_only_where_vllm_runs() -> None:
     # Discovery, not a static target: in profile sim `vllm` does not resolve, so no target is down.
     assert _profiles(svc["vllm"]) == {"gpu"}
     assert "vllm:8001" not in str(jobs["loadlens-serve"]["static_configs"])
+    # ...and its instance is named like a static target, not by the container's changing IP.
+    (relabel,) = jobs["loadlens-serve"]["relabel_configs"]
+    assert relabel["source_labels"] == ["__meta_dns_name"] and relabel["target_label"] == "instance"
+    assert relabel["replacement"] == f"$1:{sd['port']}"
 
 
 def test_sim_profile() -> None:

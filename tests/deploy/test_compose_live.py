@@ -9,35 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
 import pytest
 
 from exporters.stack.config import PORTS
 from tests.support import compose_run, netns
 
-T = TypeVar("T")
 JOBS = {p.job for p in PORTS if p.job is not None}
 # What `LOADLENS_SIM_FAULTS=xid:0:79@30 docker compose --profile sim up` would be given.
 ENV = {"LOADLENS_SIM_FAULTS": "xid:0:79@30", "GF_ADMIN_PASSWORD": "unused-here"}
-
-
-def _wait(what: str, check: Callable[[], T | None], timeout: float, sandbox: netns.Sandbox) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except (OSError, httpx.HTTPError, ValueError, KeyError) as err:
-            result, last = None, err
-        if result:
-            return result
-        time.sleep(1.0)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n{sandbox.logs()}")
 
 
 @pytest.mark.timeout(300)
@@ -58,26 +40,25 @@ def test_sim_profile_runs_is_scraped_and_the_fire_drill_pages(tmp_path: Path) ->
                 continue
             port, path = int(url.split(":")[2].split("/")[0]), "/" + url.split("/", 3)[3]
             healthy = lambda port=port, path=path: sandbox.get(port, path).status_code == 200  # noqa: E731
-            _wait(f"{name} healthy ({url})", healthy, 60, sandbox)
+            sandbox.wait(f"{name} healthy ({url})", healthy, 60)
             checked.append(name)
         assert set(checked) == {"serve-sim", "gpu-exporter-sim", "prometheus", "alertmanager", "pager", "locust-master"}
 
-        _wait("2 Locust workers", lambda: len(sandbox.get(8089, "/stats/requests").json()["workers"]) == 2, 60, sandbox)
+        sandbox.wait("2 Locust workers", lambda: len(sandbox.get(8089, "/stats/requests").json()["workers"]) == 2, 60)
 
         def jobs_up() -> set[str] | None:
             up = {r["metric"]["job"] for r in sandbox.query("up == 1")}
             return up if up >= JOBS else None
 
-        assert _wait("every job of the ports table up", jobs_up, 60, sandbox) == JOBS
+        assert sandbox.wait("every job of the ports table up", jobs_up, 60) == JOBS
         # Down: the Collector's metrics (no Collector binary here). Absent: vLLM (profile gpu only).
         assert {r["metric"]["job"] for r in sandbox.query("up == 0")} == {"otel-collector"}
-        _wait(
+        sandbox.wait(
             "requests counted by serve",
             lambda: sandbox.query('sum(loadlens_requests_total{job="loadlens-serve",code="200"}) > 0'),
             90,
-            sandbox,
         )
-        _wait("spans exported to otel-collector:4318", lambda: sandbox.otlp_exports() > 0, 30, sandbox)
+        sandbox.wait("spans exported to otel-collector:4318", lambda: sandbox.otlp_exports() > 0, 30)
 
         pages = sandbox.workdir / "volumes" / "pager-data" / "pages.jsonl"
 
@@ -89,7 +70,7 @@ def test_sim_profile_runs_is_scraped_and_the_fire_drill_pages(tmp_path: Path) ->
                         return {"receiver": note["receiver"], **alert}
             return None
 
-        page = _wait("the fire-drill page", paged, 120, sandbox)
+        page = sandbox.wait("the fire-drill page", paged, 120)
         assert page["receiver"] == "pager"
         assert page["labels"]["severity"] == "critical"
         assert page["labels"]["job"] == "loadlens-gpu"
@@ -101,3 +82,55 @@ def test_sim_profile_runs_is_scraped_and_the_fire_drill_pages(tmp_path: Path) ->
 def _running(sandbox: netns.Sandbox) -> list[str]:
     spec = json.loads((sandbox.workdir / "spec.json").read_text())
     return [p["name"] for p in spec["processes"]]
+
+
+@pytest.mark.timeout(240)
+def test_gpu_profile_proxies_to_vllm_and_scrapes_its_series_into_the_serving_job(tmp_path: Path) -> None:
+    """Profile gpu with a stand-in for vLLM: `loadlens serve --engine sim` on vLLM's port and served-model name.
+
+    It emits vLLM's own `vllm:*` series, so this proves the proxy wiring (serve-gpu -> vllm:8001) and that
+    Prometheus finds vLLM by DNS and files its series under job="loadlens-serve". There is no GPU: the NVML
+    exporter runs and reports NVML down, as documented.
+    """
+    reason = netns.available("prometheus", "prometheus-alertmanager")
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot emulate the compose network: {reason}")
+        pytest.skip(reason)
+    vllm = compose_run.active_services("gpu")["vllm"]
+    command = [compose_run.interpolate(str(c), {}) for c in vllm["command"]]
+    port, served = command[command.index("--port") + 1], command[command.index("--served-model-name") + 1]
+    stand_in = [netns.loadlens_bin(), "serve", "--engine", "sim", "--host", "0.0.0.0", "--port", port]
+    stand_in += ["--served-model-name", served]
+    with compose_run.run_profile("gpu", tmp_path / "run", ENV, {"vllm": stand_in}) as sandbox:
+        # The proxy is healthy only when its upstream is: its /health asks vllm:8001.
+        sandbox.wait("serve-gpu healthy", lambda: sandbox.get(8000, "/health").status_code == 200, 60)
+        models = sandbox.get(8000, "/v1/models").json()
+        assert [m["id"] for m in models["data"]] == [served], "the proxy lists vLLM's served model"
+        sandbox.wait("2 Locust workers", lambda: len(sandbox.get(8089, "/stats/requests").json()["workers"]) == 2, 60)
+
+        def both_serving_targets_up() -> list[str] | None:
+            up = sorted(r["metric"]["instance"] for r in sandbox.query('up{job="loadlens-serve"} == 1'))
+            return up if len(up) == 2 else None
+
+        assert sandbox.wait("serve and vLLM up in loadlens-serve", both_serving_targets_up, 60) == [
+            "serve:8000",
+            f"vllm:{port}",
+        ]
+        # Requests pass the proxy and run on "vLLM": both sides count them, in the same job.
+        sandbox.wait(
+            "proxied requests counted on both sides",
+            lambda: (
+                sandbox.query('sum(loadlens_requests_total{job="loadlens-serve",code="200"}) > 0')
+                and sandbox.query(f'sum(vllm:request_success_total{{job="loadlens-serve",instance="vllm:{port}"}}) > 0')
+            ),
+            90,
+        )
+        # The rules see vLLM's queue and KV cache under the job they select on.
+        kv = sandbox.query('vllm:kv_cache_usage_perc{job="loadlens-serve"}')
+        assert {r["metric"]["model_name"] for r in kv} == {served}
+        # No GPU here: the NVML exporter answers /metrics with NVML down, and /health says so.
+        assert sandbox.get(9400, "/health").status_code == 503
+        assert sandbox.query('loadlens_gpu_nvml_up{job="loadlens-gpu"}')[0]["value"][1] == "0"
+        restarts = sandbox.restarts()
+        assert {n: k for n, k in restarts.items() if k and n != "locust-master"} == {}, restarts

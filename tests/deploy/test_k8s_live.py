@@ -12,37 +12,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
 import pytest
 
-from tests.deploy.support import K8S, kubectl, load_documents
+from tests.deploy.support import K8S, kubectl, load_documents, render
 from tests.support import kube, netns
 
-T = TypeVar("T")
 ADMIN_TOKEN = "drill-admin-token"
 LOADLENS_JOBS = {"loadlens-serve", "loadlens-gpu", "loadlens-pager", "loadlens-loadgen"}
 # fire-drill injects the XID 60 s after the GPU exporter starts; then a scrape (5 s), an evaluation, the
 # critical route's group_wait (5 s) and the webhook.
 PAGE_DEADLINE_S = 150.0
-
-
-def _wait(what: str, check: Callable[[], T | None], timeout: float, cluster: netns.Sandbox) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except (OSError, httpx.HTTPError, ValueError, KeyError) as err:  # not listening yet, or not JSON yet
-            result, last = None, err
-        if result:
-            return result
-        time.sleep(1.0)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n{cluster.logs()}")
 
 
 def _render_with_fire_drill(tmp_path: Path) -> list[dict[str, Any]]:
@@ -84,17 +66,17 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
         }
         for name, port, path in probes:
             ready = lambda port=port, path=path: cluster.get(port, path).status_code == 200  # noqa: E731
-            _wait(f"{name} ready ({path} on {port})", ready, 60, cluster)
+            cluster.wait(f"{name} ready ({path} on {port})", ready, 60)
 
         # The Locust master counts the two worker replicas that dialled locust-master:5557.
-        _wait("2 Locust workers", lambda: len(cluster.get(8089, "/stats/requests").json()["workers"]) == 2, 60, cluster)
+        cluster.wait("2 Locust workers", lambda: len(cluster.get(8089, "/stats/requests").json()["workers"]) == 2, 60)
 
         # Prometheus (configured from the monitors) scrapes every loadlens job under the name the rules use.
         def jobs_up() -> set[str] | None:
             up = {r["metric"]["job"] for r in cluster.query('up{namespace="loadlens"} == 1')}
             return up if up >= LOADLENS_JOBS else None
 
-        up = _wait("every loadlens job up", jobs_up, 60, cluster)
+        up = cluster.wait("every loadlens job up", jobs_up, 60)
         # The collector is the one target without a process behind it (no Collector binary here).
         assert up == LOADLENS_JOBS
         down = {r["metric"]["job"] for r in cluster.query('up{namespace="loadlens"} == 0')}
@@ -103,13 +85,12 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
         assert gpu and gpu[0]["metric"]["node"] == "node-0", "the PodMonitor's relabeling adds the node"
 
         # The workers' load reaches serve, and serve's spans reach the collector's OTLP/HTTP port.
-        _wait(
+        cluster.wait(
             "requests counted by serve",
             lambda: cluster.query('sum(loadlens_requests_total{job="loadlens-serve",code="200"}) > 0'),
             90,
-            cluster,
         )
-        _wait("spans exported to otel-collector:4318", lambda: cluster.otlp_exports() > 0, 30, cluster)
+        cluster.wait("spans exported to otel-collector:4318", lambda: cluster.otlp_exports() > 0, 30)
 
         # ...and none of them was lost on the way (the stand-in answers like a collector).
         dropped = cluster.query('sum by (reason) (loadlens_trace_spans_dropped_total{job="loadlens-serve"})')
@@ -136,7 +117,7 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
                         return {"receiver": note["receiver"], **alert}
             return None
 
-        page = _wait("the fire-drill page", paged, PAGE_DEADLINE_S, cluster)
+        page = cluster.wait("the fire-drill page", paged, PAGE_DEADLINE_S)
         assert page["receiver"] == "pager"
         assert page["labels"]["severity"] == "critical"
         assert page["labels"]["namespace"] == "loadlens"
@@ -153,3 +134,50 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
         # and the kubelet (here the supervisor) starts it again.
         restarts = cluster.restarts()
         assert {name: n for name, n in restarts.items() if n and name != "locust-master"} == {}, restarts
+
+
+@pytest.mark.timeout(240)
+def test_gpu_overlay_serves_through_the_proxy_and_scrapes_vllm_into_the_serving_job(tmp_path: Path) -> None:
+    """The gpu overlay with a stand-in for the vLLM container: `loadlens serve --engine sim` with the
+    container's port and served-model name, which emits vLLM's own `vllm:*` series. Proves the in-pod wiring
+    (proxy -> 127.0.0.1:8001) and the ServiceMonitor's second endpoint. No GPU: the NVML DaemonSet runs and
+    reports NVML down."""
+    reason = kube.available()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot emulate the cluster: {reason}")
+        pytest.skip(reason)
+    objects = render("overlays/gpu")
+    serve = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "loadlens-serve")
+    vllm = next(c for c in serve["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+    args = vllm["args"]
+    port, served = args[args.index("--port") + 1], args[args.index("--served-model-name") + 1]
+    stand_in = [netns.loadlens_bin(), "serve", "--engine", "sim", "--host", "0.0.0.0", "--port", port]
+    stand_in += ["--served-model-name", served]
+    with kube.run_overlay(objects, tmp_path / "run", stand_ins={"vllm": stand_in}) as cluster:
+        cluster.wait(
+            "the proxy ready (its upstream answers)", lambda: cluster.get(8000, "/health").status_code == 200, 60
+        )
+        assert [m["id"] for m in cluster.get(8000, "/v1/models").json()["data"]] == [served]
+        cluster.wait("2 Locust workers", lambda: len(cluster.get(8089, "/stats/requests").json()["workers"]) == 2, 60)
+
+        def serving_endpoints_up() -> list[str] | None:
+            up = sorted(r["metric"]["endpoint"] for r in cluster.query('up{job="loadlens-serve"} == 1'))
+            return up if len(up) == 2 else None
+
+        assert cluster.wait("both endpoints of the serving pod up", serving_endpoints_up, 60) == ["http", "vllm"]
+        cluster.wait(
+            "proxied requests counted by the proxy and by vLLM",
+            lambda: (
+                cluster.query('sum(loadlens_requests_total{job="loadlens-serve",code="200"}) > 0')
+                and cluster.query('sum(vllm:request_success_total{job="loadlens-serve",endpoint="vllm"}) > 0')
+            ),
+            90,
+        )
+        kv = cluster.query('vllm:kv_cache_usage_perc{job="loadlens-serve"}')
+        assert {(r["metric"]["model_name"], r["metric"]["container"]) for r in kv} == {(served, "vllm")}
+        # No GPU here: the DaemonSet's exporter serves /metrics with NVML down and is not ready.
+        assert cluster.get(9400, "/health").status_code == 503
+        assert cluster.query('loadlens_gpu_nvml_up{job="loadlens-gpu"}')[0]["value"][1] == "0"
+        restarts = cluster.restarts()
+        assert {n: k for n, k in restarts.items() if k and n != "locust-master"} == {}, restarts

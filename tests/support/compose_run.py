@@ -14,8 +14,9 @@ What this adds to the sandbox:
   are. The one exception is the rule-file glob inside prometheus.yml, which names the container path of the
   ``alerts/`` mount, so a copy maps it the same way.
 
-Grafana, Tempo, the Collector, Loki and Alloy are images of other programs and do not run here. The
-sandbox's stand-in receives OTLP/HTTP on ``otel-collector:4318``.
+Grafana, Tempo, the Collector, Loki, Alloy and vLLM are images of other programs and do not run here. The
+sandbox's stand-in receives OTLP/HTTP on ``otel-collector:4318``, and a test may name a stand-in program for
+a service (``loadlens serve --engine sim`` for vLLM, which emits vLLM's own ``vllm:*`` series).
 """
 
 from __future__ import annotations
@@ -94,7 +95,10 @@ def _map(value: str, mounts: Mapping[str, str]) -> str:
     return value
 
 
-def processes(profile: str, workdir: Path, env: Mapping[str, str]) -> list[Process]:
+def processes(
+    profile: str, workdir: Path, env: Mapping[str, str], stand_ins: Mapping[str, list[str]] | None = None
+) -> list[Process]:
+    """``stand_ins``: service name -> the argv of a program that plays it here (vLLM has no GPU to run on)."""
     out = []
     for name, svc in active_services(profile).items():
         image = interpolate(str(svc["image"]), env)
@@ -103,7 +107,9 @@ def processes(profile: str, workdir: Path, env: Mapping[str, str]) -> list[Proce
         environment = {k: interpolate(str(v), env) for k, v in (svc.get("environment") or {}).items()}
         environment = {k: _map(v, mounts) for k, v in environment.items()}
         command = [_map(interpolate(str(c), env), mounts) for c in svc.get("command", [])]
-        if repo == "loadlens":
+        if stand_ins and name in stand_ins:
+            argv = list(stand_ins[name])
+        elif repo == "loadlens":
             argv = [netns.loadlens_bin(), *command]
         elif repo in BINARIES:
             argv = [BINARIES[repo], *command]
@@ -112,7 +118,9 @@ def processes(profile: str, workdir: Path, env: Mapping[str, str]) -> list[Proce
         if repo == "prom/prometheus":
             argv = [_prometheus_config_copy(a, mounts, workdir) for a in argv]
         replicas = int(interpolate(str(svc.get("deploy", {}).get("replicas", 1)), env))
-        ports = sorted({int(str(p).split(":")[-1]) for p in svc.get("ports", [])} | _health_ports(svc))
+        ports = sorted(
+            {int(str(p).split(":")[-1]) for p in svc.get("ports", [])} | _health_ports(svc) | _port_flag(command)
+        )
         for i in range(replicas):
             proc_name = f"{name}-{i}" if replicas > 1 else name
             cwd = workdir / "cwd" / proc_name
@@ -138,14 +146,20 @@ def healthcheck_url(svc: dict[str, Any]) -> str | None:
     return m.group(1) if m else None
 
 
+def _port_flag(command: list[str]) -> set[int]:
+    return {int(command[command.index("--port") + 1])} if "--port" in command else set()
+
+
 def _health_ports(svc: dict[str, Any]) -> set[int]:
     url = healthcheck_url(svc)
     return {int(url.split(":")[2].split("/")[0])} if url else set()
 
 
 @contextlib.contextmanager
-def run_profile(profile: str, workdir: Path, env: Mapping[str, str]) -> Iterator[netns.Sandbox]:
+def run_profile(
+    profile: str, workdir: Path, env: Mapping[str, str], stand_ins: Mapping[str, list[str]] | None = None
+) -> Iterator[netns.Sandbox]:
     workdir.mkdir(parents=True, exist_ok=True)
-    procs = processes(profile, workdir, env)
+    procs = processes(profile, workdir, env, stand_ins)
     with netns.run(procs, names(active_services(profile)), workdir) as sandbox:
         yield sandbox

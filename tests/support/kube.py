@@ -77,16 +77,22 @@ def service_names(objects: list[dict[str, Any]]) -> list[str]:
 
 
 def processes(
-    objects: list[dict[str, Any]], workdir: Path, secrets: dict[str, dict[str, str]], loadlens: str
+    objects: list[dict[str, Any]],
+    workdir: Path,
+    secrets: dict[str, dict[str, str]],
+    loadlens: str,
+    stand_ins: dict[str, list[str]] | None = None,
 ) -> list[Process]:
-    """One process per replica of every loadlens container (other images are not Python programs of ours)."""
+    """One process per replica of every loadlens container, and of every container ``stand_ins`` plays
+    (container name -> argv; vLLM has no GPU here). Other images are other programs and do not run."""
     out = []
     for wl in _workloads(objects):
         name = wl["metadata"]["name"]
         replicas = int(wl["spec"].get("replicas", 1)) if wl["kind"] == "Deployment" else 1
         pod = wl["spec"]["template"]["spec"]
         for c in pod["containers"]:
-            if not c["image"].startswith("loadlens:"):
+            stand_in = (stand_ins or {}).get(c["name"])
+            if not c["image"].startswith("loadlens:") and stand_in is None:
                 continue
             for replica in range(replicas):
                 proc_name = f"{name}-{replica}" if replicas > 1 else name
@@ -111,7 +117,8 @@ def processes(
                 cwd = workdir / "cwd" / proc_name
                 cwd.mkdir(parents=True, exist_ok=True)
                 ports = [p["containerPort"] for p in c.get("ports", [])]
-                out.append(Process(proc_name, [loadlens, *c["args"]], env, str(cwd), ports))
+                argv = stand_in if stand_in is not None else [loadlens, *c["args"]]
+                out.append(Process(proc_name, argv, env, str(cwd), ports))
     return out
 
 
@@ -237,10 +244,14 @@ def alertmanager_config(amc: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def run_overlay(
-    objects: list[dict[str, Any]], workdir: Path, *, secrets: dict[str, dict[str, str]] | None = None
+    objects: list[dict[str, Any]],
+    workdir: Path,
+    *,
+    secrets: dict[str, dict[str, str]] | None = None,
+    stand_ins: dict[str, list[str]] | None = None,
 ) -> Iterator[netns.Sandbox]:
     workdir.mkdir(parents=True, exist_ok=True)
-    procs = processes(objects, workdir, secrets or {}, netns.loadlens_bin())
+    procs = processes(objects, workdir, secrets or {}, netns.loadlens_bin(), stand_ins)
     (workdir / "rules.yaml").write_text(yaml.safe_dump(_by_kind(objects, "PrometheusRule")[0]["spec"]))
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(objects, str(workdir / "rules.yaml"))))
     (workdir / "alertmanager.yml").write_text(

@@ -6,7 +6,8 @@ with it. :func:`run` starts processes inside fresh network, PID and mount namesp
 (``unshare --net --mount --pid``), with these properties:
 
 - the namespace's loopback plays every pod or container address;
-- a bind-mounted ``/etc/hosts`` resolves the deployment's service names to that loopback;
+- a bind-mounted ``/etc/hosts`` resolves the deployment's service names to that loopback, and so does a DNS
+  server on it (``/etc/resolv.conf`` is bind-mounted too), like Docker's embedded DNS;
 - the ports are the manifests' own, and nothing outside the namespace can collide with them.
 
 ``tests/support/netns_supervisor.py`` is the namespace's init. It starts the processes, restarts those that
@@ -25,13 +26,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_PORT = 9090
 OTLP_HTTP_PORT = 4318
@@ -96,6 +98,22 @@ class Sandbox:
         path = self.workdir / "otlp-exports"
         return int(path.read_text()) if path.exists() else 0
 
+    def wait(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
+        """Poll ``check`` each second until it returns something truthy; fail the test with every log if not."""
+        import pytest
+
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                result = check()
+            except (OSError, httpx.HTTPError, ValueError, KeyError) as err:  # not listening yet, not JSON yet
+                result, last = None, err
+            if result:
+                return result
+            time.sleep(1.0)
+        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n{self.logs()}")
+
     def restarts(self) -> dict[str, int]:
         path = self.workdir / "restarts.json"
         return dict(json.loads(path.read_text())) if path.exists() else {}
@@ -127,16 +145,19 @@ def run(processes: Sequence[Process], names: Sequence[str], workdir: Path) -> It
     for d in ("logs", "sock"):
         (workdir / d).mkdir(parents=True, exist_ok=True)
     (workdir / "hosts").write_text(hosts_file(names))
+    (workdir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
     spec = {
         "processes": [p.__dict__ for p in processes],
         "base_env": {k: v for k, v in os.environ.items() if k in {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"}},
         "forward": sorted({port for p in processes for port in p.ports}),
         "otlp_sink_port": OTLP_HTTP_PORT,
+        "dns_names": list(names),
         "workdir": str(workdir),
     }
     (workdir / "spec.json").write_text(json.dumps(spec, indent=2))
     script = (
-        f"mount --bind {workdir / 'hosts'} /etc/hosts && ip link set lo up && "
+        f"mount --bind {workdir / 'hosts'} /etc/hosts && mount --bind {workdir / 'resolv.conf'} /etc/resolv.conf && "
+        "ip link set lo up && "
         f"exec {sys.executable} -m tests.support.netns_supervisor {workdir / 'spec.json'}"
     )
     proc = subprocess.Popen(

@@ -9,6 +9,9 @@
   ``kubectl port-forward`` would).
 - It stands in for the Collector's OTLP/HTTP receiver on ``otlp_sink_port``: it answers every POST with 200
   and counts trace exports in ``<workdir>/otlp-exports``.
+- It answers DNS on 127.0.0.1:53 (UDP) for ``dns_names``, as Docker's embedded DNS server does for service
+  names: an A record of 127.0.0.1 for each, NXDOMAIN for any other name. Programs that read ``/etc/hosts``
+  need no DNS, but Prometheus's ``dns_sd_configs`` asks a DNS server directly.
 - It writes ``<workdir>/sock/ready`` once everything listens.
 """
 
@@ -19,6 +22,7 @@ import contextlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +77,43 @@ async def _otlp_sink(
         writer.close()
 
 
+class _Dns(asyncio.DatagramProtocol):
+    """Just enough DNS (RFC 1035) for A queries of known names."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = {n.lower().rstrip(".") for n in names}
+        self.transport: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            reply = self.answer(data)
+        except (IndexError, ValueError):
+            return  # not a query we understand: no answer, the client retries or gives up
+        self.transport.sendto(reply, addr)
+
+    def answer(self, query: bytes) -> bytes:
+        ident, flags = struct.unpack("!HH", query[:4])
+        labels, i = [], 12
+        while query[i]:
+            labels.append(query[i + 1 : i + 1 + query[i]].decode("ascii"))
+            i += 1 + query[i]
+        qtype, _qclass = struct.unpack("!HH", query[i + 1 : i + 5])
+        question = query[12 : i + 5]
+        name = ".".join(labels).lower()
+        known = name in self.names
+        rcode = 0 if known else 3
+        answers = b""
+        if known and qtype == 1:  # A
+            answers = struct.pack("!HHHIH", 0xC00C, 1, 1, 5, 4) + bytes([127, 0, 0, 1])
+        # QR, the query's opcode and RD, AA, RA, the rcode.
+        reply_flags = 0x8000 | (flags & 0x7900) | 0x0400 | 0x0080 | rcode
+        header = struct.pack("!HHHHHH", ident, reply_flags, 1, 1 if answers else 0, 0, 0)
+        return header + question + answers
+
+
 async def main(spec: dict[str, Any]) -> int:
     workdir = Path(spec["workdir"])
     logs = workdir / "logs"
@@ -94,6 +135,8 @@ async def main(spec: dict[str, Any]) -> int:
             p["argv"], env=env, cwd=p["cwd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
+    if spec.get("dns_names"):
+        await loop.create_datagram_endpoint(lambda: _Dns(set(spec["dns_names"])), local_addr=("127.0.0.1", 53))
     for p in spec["processes"]:
         children.append(start(p))
     restarts = {p["name"]: 0 for p in spec["processes"]}
