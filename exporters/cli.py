@@ -41,9 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand: a usage error exits 2 with one line, Ctrl-C exits 130."""
     try:
         code: int = args.handler(args)
     except UsageError as err:
@@ -52,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from exporters.common.cliutil import UsageError
+from exporters.cli import dispatch
 from exporters.gpu.cli import register
 
 
@@ -19,15 +19,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exporters.gpu")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
-    args = parser.parse_args(["gpu-exporter", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        code: int = args.handler(args)
-    except UsageError as err:
-        print(f"loadlens gpu-exporter: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
+    sub.choices["gpu-exporter"].prog = parser.prog  # usage and errors name the command the user typed
+    return dispatch(parser.parse_args(["gpu-exporter", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from tests.deploy.support import (
     render,
     workloads,
 )
+from tests.support import kube
 
 LOADLENS_IMAGE = "loadlens:0.1.0"
 CRD_SCHEMAS = {
@@ -496,45 +497,9 @@ def _tool(name: str) -> str:
     return found
 
 
-def _native_matcher(m: dict[str, str]) -> str:
-    value = m["value"].replace("\\", "\\\\").replace('"', '\\"')
-    return f'{m["name"]}{m.get("matchType", "=")}"{value}"'
-
-
-def _native_route(route: dict[str, Any]) -> dict[str, Any]:
-    keys = {v: k for k, v in k8s._ROUTE_KEYS.items()}
-    out: dict[str, Any] = {keys[k]: v for k, v in route.items() if k in keys}
-    if "matchers" in route:
-        out["matchers"] = [_native_matcher(m) for m in route["matchers"]]
-    if "routes" in route:
-        out["routes"] = [_native_route(r) for r in route["routes"]]
-    return out
-
-
-def _native_config(amc: dict[str, Any]) -> dict[str, Any]:
-    """Read the AlertmanagerConfig back as an alertmanager.yml (what the operator does, less its namespace matcher)."""
-    spec = amc["spec"]
-    webhook = {"url": "url", "sendResolved": "send_resolved", "maxAlerts": "max_alerts"}
-    receivers = []
-    for r in spec["receivers"]:
-        native: dict[str, Any] = {"name": r["name"]}
-        if "webhookConfigs" in r:
-            native["webhook_configs"] = [{webhook[k]: v for k, v in w.items()} for w in r["webhookConfigs"]]
-        receivers.append(native)
-    inhibit = [
-        {
-            "source_matchers": [_native_matcher(m) for m in rule["sourceMatch"]],
-            "target_matchers": [_native_matcher(m) for m in rule["targetMatch"]],
-            "equal": rule["equal"],
-        }
-        for rule in spec["inhibitRules"]
-    ]
-    return {"route": _native_route(spec["route"]), "inhibit_rules": inhibit, "receivers": receivers}
-
-
 def test_alertmanager_config_routes_exactly_like_alerts_alertmanager_yml(tmp_path: Path) -> None:
     amc = by_kind(render("base"), "AlertmanagerConfig")["loadlens"]
-    native = _native_config(amc)
+    native = kube.native_config(amc)
     reference = load_yaml(ROOT / "alerts" / "alertmanager.yml")
     for receiver in reference["receivers"]:
         for hook in receiver.get("webhook_configs", []):
@@ -563,15 +528,7 @@ def test_alerts_reach_the_receivers_through_the_operators_namespace_matcher(tmp_
     """The operator nests an AlertmanagerConfig's route under `namespace="<its namespace>"`; only alerts with that
     label reach it, which is why the PrometheusRule adds it to every alert."""
     amtool = _tool("amtool")
-    native = _native_config(by_kind(render("base"), "AlertmanagerConfig")["loadlens"])
-    nested = {
-        "route": {
-            "receiver": "cluster-default",
-            "routes": [{**native["route"], "matchers": [f'namespace="{k8s.NAMESPACE}"']}],
-        },
-        "receivers": [*native["receivers"], {"name": "cluster-default"}],
-        "inhibit_rules": native["inhibit_rules"],
-    }
+    nested = kube.alertmanager_config(by_kind(render("base"), "AlertmanagerConfig")["loadlens"])
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(nested))
     rule = by_kind(render("base"), "PrometheusRule")["loadlens"]

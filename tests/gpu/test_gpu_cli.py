@@ -208,3 +208,58 @@ def test_real_process_scraped_by_real_prometheus(
         assert prom.wait_for_value("count(loadlens_gpu_collector_success)") == len(DEFAULT_COLLECTORS) + 1
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
+
+
+# Blocks the imports a GPU node's lean install would not have, then runs `python -m exporters.gpu`.
+_LEAN = """
+import importlib.abc, runpy, sys
+BLOCKED = {"fastapi", "uvicorn", "starlette", "pydantic", "locust", "gevent", "opentelemetry", "hdrh", "httpx"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"blocked: {name}", name=name)
+sys.meta_path.insert(0, Block())
+sys.argv = ["exporters.gpu", *sys.argv[1:]]
+runpy.run_module("exporters.gpu", run_name="__main__")
+"""
+
+
+def test_lean_entry_point_runs_the_nvml_backend_without_the_rest_of_loadlens() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LEAN, "--backend", "nvml", "--port", str(port)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        status = None
+        while time.monotonic() < deadline and status is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                status = 200
+            except urllib.error.HTTPError as err:
+                status = err.code
+            except OSError:
+                time.sleep(0.1)
+        # No GPU here: NVML does not load, /health says 503, and /metrics still answers with nvml_up 0.
+        assert status == 503
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        assert "loadlens_gpu_nvml_up 0.0" in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "blocked" not in err
+
+
+def test_lean_entry_point_reports_usage_errors_in_its_own_name() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporters.gpu", "--port", "99999"], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "python -m exporters.gpu: error: argument --port: port out of range 0-65535: 99999"
+    )

@@ -200,44 +200,62 @@ def _job(name: str, endpoint: dict[str, Any], targets: list[dict[str, Any]]) -> 
     return job
 
 
-def alertmanager_config(amc: dict[str, Any]) -> dict[str, Any]:
-    """The AlertmanagerConfig as the operator merges it: its route nested under `namespace="<its namespace>"`."""
+def _native_matcher(m: dict[str, str]) -> str:
+    value = m["value"].replace("\\", "\\\\").replace('"', '\\"')
+    return f'{m["name"]}{m.get("matchType", "=")}"{value}"'
+
+
+_ROUTE_KEYS = {"receiver": "receiver", "groupBy": "group_by", "groupWait": "group_wait"}
+_ROUTE_KEYS |= {"groupInterval": "group_interval", "repeatInterval": "repeat_interval", "continue": "continue"}
+_WEBHOOK_KEYS = {"url": "url", "sendResolved": "send_resolved", "maxAlerts": "max_alerts"}
+
+
+def _native_route(route: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {_ROUTE_KEYS[k]: v for k, v in route.items() if k in _ROUTE_KEYS}
+    if "matchers" in route:
+        out["matchers"] = [_native_matcher(m) for m in route["matchers"]]
+    if "routes" in route:
+        out["routes"] = [_native_route(r) for r in route["routes"]]
+    return out
+
+
+def native_config(amc: dict[str, Any]) -> dict[str, Any]:
+    """An AlertmanagerConfig read back as an alertmanager.yml: what the operator does, less its namespace
+    matcher. Written from the CRD's field names, independently of exporters/deploy/k8s.py's translation."""
     spec = amc["spec"]
-
-    def matcher(m: dict[str, str]) -> str:
-        value = m["value"].replace("\\", "\\\\").replace('"', '\\"')
-        return f'{m["name"]}{m.get("matchType", "=")}"{value}"'
-
-    keys = {"receiver": "receiver", "groupBy": "group_by", "groupWait": "group_wait"}
-    keys |= {"groupInterval": "group_interval", "repeatInterval": "repeat_interval", "continue": "continue"}
-
-    def route(r: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {keys[k]: v for k, v in r.items() if k in keys}
-        if "matchers" in r:
-            out["matchers"] = [matcher(m) for m in r["matchers"]]
-        if "routes" in r:
-            out["routes"] = [route(x) for x in r["routes"]]
-        return out
-
-    webhook = {"url": "url", "sendResolved": "send_resolved", "maxAlerts": "max_alerts"}
-    receivers: list[dict[str, Any]] = [{"name": "cluster-default"}]
+    receivers = []
     for r in spec["receivers"]:
         native: dict[str, Any] = {"name": r["name"]}
         if "webhookConfigs" in r:
-            native["webhook_configs"] = [{webhook[k]: v for k, v in w.items()} for w in r["webhookConfigs"]]
+            native["webhook_configs"] = [{_WEBHOOK_KEYS[k]: v for k, v in w.items()} for w in r["webhookConfigs"]]
         receivers.append(native)
-    namespaced = {**route(spec["route"])}
-    namespaced["matchers"] = [f'namespace="{NAMESPACE}"', *namespaced.get("matchers", [])]
+    inhibit = [
+        {
+            "source_matchers": [_native_matcher(m) for m in rule["sourceMatch"]],
+            "target_matchers": [_native_matcher(m) for m in rule["targetMatch"]],
+            "equal": rule["equal"],
+        }
+        for rule in spec["inhibitRules"]
+    ]
+    return {"route": _native_route(spec["route"]), "inhibit_rules": inhibit, "receivers": receivers}
+
+
+def alertmanager_config(amc: dict[str, Any]) -> dict[str, Any]:
+    """The AlertmanagerConfig as the operator merges it: its route (and inhibitions) confined to
+    `namespace="<its namespace>"`, under a cluster default receiver that gets everything else."""
+    native = native_config(amc)
+    scope = f'namespace="{NAMESPACE}"'
+    route = {**native["route"], "matchers": [scope, *native["route"].get("matchers", [])]}
     return {
-        "route": {"receiver": "cluster-default", "group_wait": "1s", "routes": [namespaced]},
-        "receivers": receivers,
+        "route": {"receiver": "cluster-default", "group_wait": "1s", "routes": [route]},
+        "receivers": [{"name": "cluster-default"}, *native["receivers"]],
         "inhibit_rules": [
             {
-                "source_matchers": [f'namespace="{NAMESPACE}"', *(matcher(m) for m in r["sourceMatch"])],
-                "target_matchers": [f'namespace="{NAMESPACE}"', *(matcher(m) for m in r["targetMatch"])],
-                "equal": r["equal"],
+                **rule,
+                "source_matchers": [scope, *rule["source_matchers"]],
+                "target_matchers": [scope, *rule["target_matchers"]],
             }
-            for r in spec["inhibitRules"]
+            for rule in native["inhibit_rules"]
         ],
     }
 
