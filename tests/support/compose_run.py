@@ -70,7 +70,7 @@ def names(services: Mapping[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def _mounts(name: str, svc: dict[str, Any], workdir: Path) -> dict[str, str]:
+def _mounts(svc: dict[str, Any], workdir: Path) -> dict[str, str]:
     """Container path -> path here, for every bind mount and named volume of the service."""
     out = {}
     for spec in svc.get("volumes", []):
@@ -103,7 +103,7 @@ def processes(
     for name, svc in active_services(profile).items():
         image = interpolate(str(svc["image"]), env)
         repo = image.rsplit(":", 1)[0]
-        mounts = _mounts(name, svc, workdir)
+        mounts = _mounts(svc, workdir)
         environment = {k: interpolate(str(v), env) for k, v in (svc.get("environment") or {}).items()}
         environment = {k: _map(v, mounts) for k, v in environment.items()}
         command = [_map(interpolate(str(c), env), mounts) for c in svc.get("command", [])]
