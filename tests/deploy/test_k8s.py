@@ -630,3 +630,23 @@ def test_every_kustomization_lists_files_that_exist() -> None:
     for path in K8S.rglob("*.yaml"):
         if path.name != "kustomization.yaml" and path.parent != K8S:
             assert path.resolve() in listed, f"{path.relative_to(ROOT)} is in no kustomization"
+
+
+def test_pods_mount_no_api_token_and_get_no_service_links(objects: list[dict[str, Any]]) -> None:
+    for name, wl in workloads(objects).items():
+        pod = wl["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, name
+        assert pod["enableServiceLinks"] is False, name
+
+
+def test_service_links_would_break_the_pager_without_its_explicit_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why enableServiceLinks is off: Service loadlens-pager makes the kubelet set LOADLENS_PAGER_PORT to
+    ``tcp://<ip>:9095`` in every pod, and that is the pager's own --port variable."""
+    links = kube.service_links(render("overlays/sim"))
+    assert links["LOADLENS_PAGER_PORT"] == "tcp://10.0.0.1:9095"
+    for var in [v for v in os.environ if v.startswith("LOADLENS_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("LOADLENS_PAGER_PORT", links["LOADLENS_PAGER_PORT"])
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["pager"])
+    assert exit_info.value.code == 2

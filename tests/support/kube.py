@@ -5,7 +5,8 @@ What this adds to the sandbox:
 - **Service names.** Every Service resolves by its short name, ``.loadlens``, ``.svc`` and
   ``.svc.cluster.local``, and so does kube-prometheus-stack's Prometheus.
 - **Containers.** Each loadlens container runs as ``loadlens <args>`` with exactly the manifest's
-  environment, and with ``valueFrom`` Secrets filled from ``secrets`` where given.
+  environment, and with ``valueFrom`` Secrets filled from ``secrets`` where given. Service links are added
+  underneath, as the kubelet adds them, unless the pod turns them off (``enableServiceLinks: false``).
   - A volume's mount path is rewritten to a temporary directory. That is the only change made to a
     container.
   - A Deployment gets one process per replica.
@@ -76,6 +77,25 @@ def service_names(objects: list[dict[str, Any]]) -> list[str]:
     return [*names, *EXTRA_HOSTS]
 
 
+def service_links(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The variables the kubelet puts into every pod for each Service when ``enableServiceLinks`` is on
+    (the default): ``LOADLENS_PAGER_PORT=tcp://10.0.0.1:9095`` and the rest, for Service ``loadlens-pager``."""
+    env: dict[str, str] = {}
+    for svc in _by_kind(objects, "Service"):
+        name = svc["metadata"]["name"].upper().replace("-", "_")
+        ports = svc["spec"]["ports"]
+        env[f"{name}_SERVICE_HOST"] = "10.0.0.1"
+        env[f"{name}_SERVICE_PORT"] = str(ports[0]["port"])
+        env[f"{name}_PORT"] = f"tcp://10.0.0.1:{ports[0]['port']}"
+        for port in ports:
+            if "name" in port:
+                env[f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(port["port"])
+            prefix = f"{name}_PORT_{port['port']}_TCP"
+            env[prefix] = f"tcp://10.0.0.1:{port['port']}"
+            env |= {f"{prefix}_PROTO": "tcp", f"{prefix}_PORT": str(port["port"]), f"{prefix}_ADDR": "10.0.0.1"}
+    return env
+
+
 def processes(
     objects: list[dict[str, Any]],
     workdir: Path,
@@ -101,7 +121,8 @@ def processes(
                     path = workdir / "volumes" / proc_name / mount["name"]
                     path.mkdir(parents=True, exist_ok=True)
                     volumes[mount["mountPath"]] = str(path)
-                env: dict[str, str] = {}
+                # The kubelet's service links come first; the container's own env overrides them.
+                env: dict[str, str] = service_links(objects) if pod.get("enableServiceLinks", True) else {}
                 for e in c.get("env", []):
                     if "value" in e:
                         value = str(e["value"])
