@@ -131,6 +131,9 @@ def test_gpu_profile_proxies_to_vllm_and_scrapes_its_series_into_the_serving_job
         assert {r["metric"]["model_name"] for r in kv} == {served}
         # No GPU here: the NVML exporter answers /metrics with NVML down, and /health says so.
         assert sandbox.get(9400, "/health").status_code == 503
-        assert sandbox.query('loadlens_gpu_nvml_up{job="loadlens-gpu"}')[0]["value"][1] == "0"
+        nvml_up = sandbox.wait(
+            "the GPU exporter scraped", lambda: sandbox.query('loadlens_gpu_nvml_up{job="loadlens-gpu"}'), 30
+        )
+        assert nvml_up[0]["value"][1] == "0"
         restarts = sandbox.restarts()
         assert {n: k for n, k in restarts.items() if k and n != "locust-master"} == {}, restarts

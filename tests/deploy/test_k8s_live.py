@@ -178,6 +178,9 @@ def test_gpu_overlay_serves_through_the_proxy_and_scrapes_vllm_into_the_serving_
         assert {(r["metric"]["model_name"], r["metric"]["container"]) for r in kv} == {(served, "vllm")}
         # No GPU here: the DaemonSet's exporter serves /metrics with NVML down and is not ready.
         assert cluster.get(9400, "/health").status_code == 503
-        assert cluster.query('loadlens_gpu_nvml_up{job="loadlens-gpu"}')[0]["value"][1] == "0"
+        nvml_up = cluster.wait(
+            "the GPU exporter scraped", lambda: cluster.query('loadlens_gpu_nvml_up{job="loadlens-gpu"}'), 30
+        )
+        assert nvml_up[0]["value"][1] == "0"
         restarts = cluster.restarts()
         assert {n: k for n, k in restarts.items() if k and n != "locust-master"} == {}, restarts
