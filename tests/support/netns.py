@@ -114,9 +114,19 @@ class Sandbox:
             time.sleep(1.0)
         pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})\n{self.logs()}")
 
+    def scraped(self, expr: str, timeout: float = 30) -> list[float]:
+        """The values of ``expr`` once Prometheus has scraped them (a target's first scrape can lag its start)."""
+        result = self.wait(f"a scrape answering {expr}", lambda: self.query(expr), timeout)
+        return [float(r["value"][1]) for r in result]
+
     def restarts(self) -> dict[str, int]:
         path = self.workdir / "restarts.json"
         return dict(json.loads(path.read_text())) if path.exists() else {}
+
+    def assert_no_restarts_but(self, *allowed: str) -> None:
+        """Nothing restarted, except processes that exit by design until a dependency answers."""
+        restarted = {name: n for name, n in self.restarts().items() if n and name not in allowed}
+        assert restarted == {}, f"restarted: {restarted}\n{self.logs()}"
 
     def logs(self) -> str:
         out = []
