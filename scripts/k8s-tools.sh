@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 PY=${1:-.venv/bin/python}
 BIN=.tools/bin/kubectl
 WANT=v1.33.9
-if [ -x "$BIN" ] && "$BIN" version --client 2>/dev/null | grep -q "Client Version: $WANT"; then
+# Output captured before matching: `kubectl ... | grep -q` under pipefail fails whenever grep exits first
+# and kubectl takes SIGPIPE.
+version() { "$BIN" version --client 2>/dev/null || true; }
+if [ -x "$BIN" ] && [[ "$(version)" == *"Client Version: $WANT"* ]]; then
   exit 0
 fi
 mkdir -p .tools/bin .tools/cache
@@ -24,4 +27,5 @@ with open(tmp, "wb") as out:
 os.chmod(tmp, 0o755)
 os.replace(tmp, ".tools/bin/kubectl")
 PYEOF
-"$BIN" version --client | grep -q "Client Version: $WANT" || { echo "k8s-tools: unexpected kubectl version" >&2; exit 1; }
+got=$(version)
+[[ "$got" == *"Client Version: $WANT"* ]] || { echo "k8s-tools: expected kubectl $WANT, got: $got" >&2; exit 1; }
