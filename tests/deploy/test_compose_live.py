@@ -52,6 +52,8 @@ def test_sim_profile_runs_is_scraped_and_the_fire_drill_pages(tmp_path: Path) ->
 
         assert sandbox.wait("every job of the ports table up", jobs_up, 60) == JOBS
         # Down: the Collector's metrics (no Collector binary here). Absent: vLLM (profile gpu only).
+        down = sandbox.wait("the collector's target scraped", lambda: sandbox.query('up{job="otel-collector"}'), 30)
+        assert [r["value"][1] for r in down] == ["0"]
         assert {r["metric"]["job"] for r in sandbox.query("up == 0")} == {"otel-collector"}
         sandbox.wait(
             "requests counted by serve",

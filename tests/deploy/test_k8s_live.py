@@ -79,9 +79,14 @@ def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path
         up = cluster.wait("every loadlens job up", jobs_up, 60)
         # The collector is the one target without a process behind it (no Collector binary here).
         assert up == LOADLENS_JOBS
-        down = {r["metric"]["job"] for r in cluster.query('up{namespace="loadlens"} == 0')}
-        assert down == {"otel-collector"}
-        gpu = cluster.query('loadlens_gpu_memory_total_bytes{job="loadlens-gpu"}')
+        # Its first scrape can come up to one interval (15 s) after the others.
+        down = cluster.wait("the collector's target scraped", lambda: cluster.query('up{job="otel-collector"}'), 30)
+        assert [r["value"][1] for r in down] == ["0"]
+        assert {r["metric"]["job"] for r in cluster.query('up{namespace="loadlens"} == 0')} == {"otel-collector"}
+        # The exporter is up before its simulated NVML is (that waits for serve's device state).
+        gpu = cluster.wait(
+            "GPU series scraped", lambda: cluster.query('loadlens_gpu_memory_total_bytes{job="loadlens-gpu"}'), 30
+        )
         assert gpu and gpu[0]["metric"]["node"] == "node-0", "the PodMonitor's relabeling adds the node"
 
         # The workers' load reaches serve, and serve's spans reach the collector's OTLP/HTTP port.
