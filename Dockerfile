@@ -9,9 +9,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv /opt/loadlens
 COPY pyproject.toml README.md ./
+COPY loadlens ./loadlens
 COPY exporters ./exporters
 COPY loadgen ./loadgen
-RUN /opt/loadlens/bin/pip install --no-cache-dir .
+RUN /opt/loadlens/bin/pip install --no-cache-dir '.[all]'
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="loadlens" \

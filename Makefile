@@ -20,7 +20,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[all,dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -40,7 +40,7 @@ k8s-render: k8s-tools
 	@.tools/bin/kubectl kustomize k8s/overlays/$(OVERLAY)
 
 demo: venv system-deps
-	$(PY) -m exporters.demo
+	$(PY) -m loadlens.demo
 
 test: venv system-deps k8s-tools
 	$(VENV)/bin/ruff check .
@@ -63,9 +63,7 @@ gpu-check: venv
 	$(PY) -m benchmarks.gpu_nvml_check --out results/gpu-check
 
 generate: venv
-	$(PY) -m exporters.alerting.generate
-	$(PY) -m exporters.dashboards.generate
-	$(PY) -m exporters.deploy.generate
+	$(PY) -m loadlens.codegen
 
 fixtures: venv
 	$(PY) -m tests.update_fixtures

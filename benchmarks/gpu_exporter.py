@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from exporters.common.device_state import DeviceState, UtilSample
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.server import GpuExporter, MetricsServer
 from exporters.gpu.sim import SimNvml, StaticSource, open_source
-from exporters.gpu.sim_example import example_state
+from loadlens.contracts.device_state import DeviceState, UtilSample
+from tests.gpu.sim_example import example_state
 
 GPUS = 8
 PROCESSES = 64

@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
-from exporters.common.child import http_child
-from exporters.common.net import free_port
+from loadlens.util.child import http_child
+from loadlens.util.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TTFT_S, ITL_S, OUTPUT_TOKENS, PROMPT_WORDS = 0.05, 0.01, 128, 256
@@ -211,7 +211,7 @@ def run_loadgen(url: str, streams: int, seconds: float, pin: str, workers: int =
                 }
             )
         )
-        cmd = [*pin.split(), sys.executable, "-m", "exporters.cli", "load", "--profile", str(profile), "--host", url]
+        cmd = [*pin.split(), sys.executable, "-m", "loadlens.cli", "load", "--profile", str(profile), "--host", url]
         cmd += ["--headless", "--results", tmp, "--run-id", "r", "--metrics-port", "0", "--progress-interval", "0"]
         if workers:
             cmd += ["--workers", str(workers)]

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import httpx
 
-from exporters.common.child import http_child
-from exporters.common.net import free_port
+from loadlens.util.child import http_child
+from loadlens.util.net import free_port
 
 
 @dataclass
@@ -55,7 +55,7 @@ def pct(values: list[float], q: float) -> float:
 
 def server(*args: str) -> AbstractContextManager[str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "exporters.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
+    cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
     return http_child(cmd, port)
 
 
@@ -198,12 +198,12 @@ def bench_instrumentation(tokens: int = 200_000) -> None:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
     from prometheus_client import CollectorRegistry
 
-    from exporters.common.slo import load_slos
     from exporters.serving.engine import RequestTiming
     from exporters.serving.lifecycle import RequestLifecycle
     from exporters.serving.metrics import ServingMetrics
     from exporters.serving.request_log import RequestLogger
     from exporters.serving.tracing import Tracing
+    from loadlens.contracts.slo import load_slos
 
     class NullExporter(SpanExporter):
         def export(self, spans: object) -> SpanExportResult:

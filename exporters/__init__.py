@@ -1,8 +1,2 @@
-"""loadlens: exporters (serving layer, GPU exporter) and the shared pieces they use."""
-
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("loadlens")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0+source"
+"""The processes that expose metrics about the system under test: the serving layer with its engines
+(``serving``) and the GPU exporter (``gpu``). They import only ``loadlens.contracts`` and ``loadlens.util``."""

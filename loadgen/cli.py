@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from exporters.common.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
-from exporters.common.slo import SLOConfigError, load_slos
 from loadgen.metrics import DEFAULT_METRICS_PORT
 from loadgen.profile import ProfileError, available_profiles, load_profile, resolve_profile_path
 from loadgen.results import RESULT_FILE
+from loadlens.contracts.slo import SLOConfigError, load_slos
+from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
 
 ENV_PREFIX = "LOADLENS_LOAD_"
 

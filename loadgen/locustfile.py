@@ -20,9 +20,9 @@ from locust.env import Environment
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plain `locust -f` from anywhere
 
-from exporters.common.slo import SLOConfigError
 from loadgen import runtime
 from loadgen.profile import ProfileError
+from loadlens.contracts.slo import SLOConfigError
 
 
 @events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]

@@ -20,10 +20,10 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.common import buckets as B
-from exporters.common.slo import SLOConfig
 from loadgen.record import OUTCOMES, SLO_NAMES
 from loadgen.store import Store
+from loadlens.contracts import buckets as B
+from loadlens.contracts.slo import SLOConfig
 
 DEFAULT_METRICS_PORT = 9646
 """The port of the community Locust exporter (ContainerSolutions/locust_exporter), which this replaces."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporters.common.slo import PriorityClass
+from loadlens.contracts.slo import PriorityClass
 
 SUCCESS = "success"
 OUTCOMES: tuple[str, ...] = (

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from exporters.common.slo import SLOConfig
 from loadgen.profile import Profile, Stage
 from loadgen.store import Series, Store
+from loadlens.contracts.slo import SLOConfig
 
 SCHEMA = "loadlens.benchmark_result"
 SCHEMA_VERSION = 1

@@ -41,7 +41,6 @@ from locust.exception import RescheduleTask
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from exporters.common.slo import PriorityClass, SLOConfig, load_slos
 from loadgen import __version__
 from loadgen.client import Target, stream, traceparent
 from loadgen.metrics import DEFAULT_METRICS_PORT, LiveState, LoadgenCollector, bucket_bounds
@@ -51,6 +50,7 @@ from loadgen.record import SUCCESS, RequestRecord
 from loadgen.results import StageWindow, build_result, class_shares, fairness, iso, write_result
 from loadgen.serverside import figures_for_stages
 from loadgen.store import Store
+from loadlens.contracts.slo import PriorityClass, SLOConfig, load_slos
 
 log = logging.getLogger("loadlens.loadgen")
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from exporters.common.slo import PriorityClass
 from loadgen.record import OUTCOMES, SLO_NAMES, SUCCESS, RequestRecord, breaches
+from loadlens.contracts.slo import PriorityClass
 
 HDR_LOWEST_US = 1
 HDR_HIGHEST_US = 3600 * 1_000_000

@@ -11,8 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from exporters.cli import dispatch
 from exporters.gpu.cli import register
+from loadlens.util.cliutil import dispatch
 
 
 def main(argv: Sequence[str] | None = None) -> int:

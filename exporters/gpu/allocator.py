@@ -53,7 +53,7 @@ class AllocatorReading:
 
 
 def reading_from_state(state: Any) -> AllocatorReading:
-    """From the sim's :class:`exporters.common.device_state.AllocatorState`."""
+    """From the sim's :class:`loadlens.contracts.device_state.AllocatorState`."""
     return AllocatorReading(
         reserved_bytes=state.reserved_bytes,
         allocated_bytes=state.allocated_bytes,

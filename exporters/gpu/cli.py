@@ -22,7 +22,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from exporters.common.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
+from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
 
 if TYPE_CHECKING:
     from exporters.gpu.nvml import Nvml

@@ -28,10 +28,10 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporters.common.buckets import COLLECTOR_DURATION_SECONDS
 from exporters.gpu.families import RowCounter, RowGauge
 from exporters.gpu.nvml import ErrorKind, NvmlError
 from exporters.gpu.session import DEVICE_LABELS, Device, Session
+from loadlens.contracts.buckets import COLLECTOR_DURATION_SECONDS
 
 log = logging.getLogger(__name__)
 

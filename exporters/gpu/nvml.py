@@ -408,5 +408,5 @@ class Nvml:
         return dict(self._extra("loadlensSimMemoryByOwner", handle))
 
     def allocator_state(self, handle: Any) -> Any:
-        """The sim's caching-allocator model, an :class:`exporters.common.device_state.AllocatorState`."""
+        """The sim's caching-allocator model, an :class:`loadlens.contracts.device_state.AllocatorState`."""
         return self._extra("loadlensSimAllocatorState", handle)

@@ -31,9 +31,9 @@ from typing import NamedTuple, NoReturn, Protocol
 import pydantic
 import pynvml
 
-from exporters.common.device_state import DEVICE_STATE_VERSION, AllocatorState, DeviceState, SimDevice
 from exporters.gpu.faults import Faults
 from exporters.gpu.nvml import CLOCK_EVENT_BITS
+from loadlens.contracts.device_state import DEVICE_STATE_VERSION, AllocatorState, DeviceState, SimDevice
 
 # Driver ring buffers hold a bounded number of samples; so does ours (per device).
 SAMPLE_BUFFER = 8192  # > 60 s at the sim engine's 10 ms, so the first fetch keeps a full window

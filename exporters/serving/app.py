@@ -26,9 +26,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from exporters import __version__
-from exporters.common.exposition import render as render_exposition
-from exporters.common.slo import SLOConfig, load_slos
 from exporters.serving.adapters import AdapterRegistry, resolve_adapter_path
 from exporters.serving.engine import (
     Endpoint,
@@ -52,6 +49,9 @@ from exporters.serving.protocol import (
 from exporters.serving.request_log import LogFormat, RequestLogger
 from exporters.serving.responses import DONE, ChunkWriter, full_response
 from exporters.serving.tracing import Tracing, extract_context, parse_traceparent
+from loadlens import __version__
+from loadlens.contracts.slo import SLOConfig, load_slos
+from loadlens.util.exposition import render as render_exposition
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Image data URLs make bodies large; beyond this a request is refused with 413 before parsing."""

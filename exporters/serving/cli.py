@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporters.common.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
+from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
 
 DEFAULT_PORT = 8000
 
@@ -115,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
-    from exporters.common.slo import SLOConfigError, load_slos
     from exporters.serving.app import ServeSettings, create_app
     from exporters.serving.request_log import configure_logging
+    from loadlens.contracts.slo import SLOConfigError, load_slos
 
     if args.list_profiles:
         from exporters.serving.engines.sim import list_profiles

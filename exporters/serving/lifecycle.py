@@ -15,11 +15,11 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from exporters.common.slo import PriorityClass
 from exporters.serving.engine import RequestTiming
 from exporters.serving.metrics import SeriesSet, ServingMetrics
 from exporters.serving.request_log import RequestLogger
 from exporters.serving.tracing import new_span_id, new_trace_id
+from loadlens.contracts.slo import PriorityClass
 
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from exporters.common import buckets
-from exporters.common.slo import SLOConfig
+from loadlens.contracts import buckets
+from loadlens.contracts.slo import SLOConfig
 
 MAX_MODEL_LABELS = 64
 OVERFLOW_MODEL = "other"

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.common import buckets
-from exporters.common.slo import load_slos
+from loadlens.contracts import buckets
+from loadlens.contracts.slo import load_slos
 
 
 def test_1_2_5_buckets() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from exporters.common.exposition import render, wants_openmetrics
+from loadlens.util.exposition import render, wants_openmetrics
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"

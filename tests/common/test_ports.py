@@ -1,10 +1,10 @@
-"""One table of ports: docs/architecture.md shows exactly exporters/stack/config.py's PORTS."""
+"""One table of ports: docs/architecture.md shows exactly loadlens/stack/config.py's PORTS."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from exporters.stack.config import PORTS
+from loadlens.stack.config import PORTS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 

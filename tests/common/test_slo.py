@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.common.slo import DEFAULT_SLO_FILE, SLOConfigError, load_slos, parse_slos
+from loadlens.contracts.slo import DEFAULT_SLO_FILE, SLOConfigError, load_slos, parse_slos
 
 BASE: dict[str, Any] = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
 

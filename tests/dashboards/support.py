@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from exporters.dashboards.model import Dashboard
+from loadlens.dashboards.model import Dashboard
 
 MODEL = "tiny"
 # What Grafana substitutes: $__rate_interval is max(4 × scrape interval, interval + scrape interval); the

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
 COMPOSE = ROOT / "docker-compose.yml"
 COLLECTOR = ROOT / "otel-collector.yaml"

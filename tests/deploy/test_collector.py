@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporters.common.slo import load_slos
+from loadlens.contracts.slo import load_slos
 from tests.deploy.support import COLLECTOR, load_yaml
 
 KINDS = ("receivers", "processors", "exporters", "connectors", "extensions")

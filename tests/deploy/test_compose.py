@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from exporters.stack.config import PORT, PORTS
+from loadlens.stack.config import PORT, PORTS
 from tests.deploy.support import (
     COMPOSE,
     DEPLOY_README,
@@ -348,7 +348,7 @@ def test_tracing_reaches_the_collector_and_the_trace_store() -> None:
 
 def test_loadlens_environment_variables_are_documented() -> None:
     docs = "".join((ROOT / "docs" / f).read_text() for f in ("serving.md", "gpu-exporter.md", "loadgen.md"))
-    pager_cli = (ROOT / "exporters" / "pager" / "cli.py").read_text()
+    pager_cli = (ROOT / "loadlens" / "pager" / "cli.py").read_text()
     for name, s in _loadlens_services().items():
         for var in environment(s):
             if var.startswith("LOADLENS_PAGER_"):

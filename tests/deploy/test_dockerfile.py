@@ -49,7 +49,7 @@ def test_multi_stage_non_root_and_installs_loadlens() -> None:
     assert users and users[-1].split(":")[0] not in {"0", "root"}
     assert any(word == "COPY" and rest.startswith("--from=") for word, rest in final), "runtime copies the build"
     assert not any(word == "RUN" and "pip install" in rest for word, rest in final), "no build tools in runtime"
-    assert any(word == "RUN" and "pip install" in rest and " ." in rest for word, rest in instructions)
+    assert any(word == "RUN" and "pip install" in rest and " '.[all]'" in rest for word, rest in instructions)
     assert [rest for word, rest in final if word == "ENTRYPOINT"] == ['["loadlens"]']
 
 
@@ -64,7 +64,7 @@ def test_vllm_variant_installs_loadlens_into_the_pinned_vllm_image_without_movin
     assert "--constraint /tmp/vllm-constraints.txt" in install and install.index("pip list --format=freeze") < (
         install.index("pip install")
     ), "every package of the vLLM image is frozen before loadlens is installed"
-    assert " ." in install and "vllm" not in install.replace("vllm-constraints", ""), "vLLM is the image's own"
+    assert " '.[all]'" in install and "vllm" not in install.replace("vllm-constraints", ""), "vLLM is the image's own"
     assert [rest for word, rest in instructions if word == "ENTRYPOINT"] == ['["loadlens"]']
 
 

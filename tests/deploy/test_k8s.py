@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from exporters.cli import build_parser
-from exporters.deploy import k8s
-from exporters.stack.config import PORT, PORTS
+from loadlens.cli import build_parser
+from loadlens.codegen import k8s
+from loadlens.stack.config import PORT, PORTS
 from tests.deploy.support import (
     K8S,
     OVERLAYS,

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporters.deploy.generate import OUT, RULES_DIR
-from tests.deploy.support import ROOT
+from loadlens.codegen.compose import OUT as COMPOSE_OUT
+from loadlens.codegen.compose import RULES_DIR
+from tests.support.paths import ROOT
+
+OUT = ROOT / COMPOSE_OUT
 
 
 def _tool(name: str) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporters.common.device_state import DeviceState
 from exporters.gpu.faults import parse_faults
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.session import Session
 from exporters.gpu.sim import SimNvml, StaticSource
+from loadlens.contracts.device_state import DeviceState
 from tests.gpu.helpers import FakeClock, MakeRig, SimRig, default_state
 
 

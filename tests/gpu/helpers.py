@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from exporters.common.device_state import DeviceState
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.session import Session
 from exporters.gpu.sim import SimNvml, StaticSource
-from exporters.gpu.sim_example import example_state
+from loadlens.contracts.device_state import DeviceState
+from tests.gpu.sim_example import example_state
 
 # 0.1 s is exact in microseconds, so expected window values are exact too.
 SAMPLE_INTERVAL = 0.1

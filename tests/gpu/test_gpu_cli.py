@@ -18,15 +18,16 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from exporters.cli import build_parser, main
-from exporters.common.cliutil import UsageError
 from exporters.gpu.cli import DEFAULT_SIM_URL, build_backend, parse_collectors
 from exporters.gpu.collectors import DEFAULT_COLLECTORS
 from exporters.gpu.sim import FileSource, HttpSource, SimNvml
+from loadlens.cli import build_parser, main
+from loadlens.util.cliutil import UsageError
 from tests.gpu.golden import DOCUMENT
+from tests.support.paths import ROOT
 from tests.support.prometheus import PrometheusServer, free_port, require_prometheus
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +155,7 @@ def exporter_process(tmp_path: Path) -> Iterator[tuple[int, subprocess.Popen[byt
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOADLENS_")} | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "exporters.cli", "gpu-exporter",
+            sys.executable, "-m", "loadlens.cli", "gpu-exporter",
             "--backend", "sim", "--sim-url", str(DOCUMENT), "--host", "127.0.0.1", "--port", str(port),
             "--sim-faults", "unsupported:power:1", "--dcgm-compat",
         ],

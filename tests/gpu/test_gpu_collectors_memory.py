@@ -4,8 +4,8 @@ from prometheus_client import CollectorRegistry
 
 from exporters.gpu.collectors.memory import MemoryCollector
 from exporters.gpu.sampler import Sampler
-from exporters.gpu.sim_example import GIB, MIB
 from tests.gpu.helpers import MakeRig, Scraped, SimRig
+from tests.gpu.sim_example import GIB, MIB
 
 L0 = {"gpu": "0", "uuid": "GPU-5e1f0000-0000-4000-8000-000000000000", "model": "NVIDIA H100 80GB HBM3"}
 # example_device: weights 14 GiB + kv 54 GiB + activations 2 GiB + adapters 3*64*2 MiB + slack 640 MiB + other 1 GiB

@@ -51,7 +51,7 @@ def test_no_samples_yet_means_absent_window(rig: SimRig, registry: CollectorRegi
 
 
 def test_flat_utilisation_has_no_period_series(make_rig: MakeRig, registry: CollectorRegistry) -> None:
-    from exporters.gpu.sim_example import example_device, example_state
+    from tests.gpu.sim_example import example_device, example_state
 
     state = example_state(1, 1, sample_interval=0.1)
     flat = example_device(0, low=50.0, high=50.0, sample_interval=0.1)

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from exporters.common.device_state import DeviceState, UtilSample
 from exporters.gpu.sampler import MAX_XID_CODES, XID_OTHER, Sampler
-from exporters.gpu.sim_example import EXAMPLE_NOW_US, MIB
+from loadlens.contracts.device_state import DeviceState, UtilSample
 from tests.gpu.helpers import MakeRig, SimRig, default_state
+from tests.gpu.sim_example import EXAMPLE_NOW_US, MIB
 
 UUID0 = "GPU-5e1f0000-0000-4000-8000-000000000000"
 UUID1 = "GPU-5e1f0000-0000-4000-8000-000000000001"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pynvml
 
-from exporters.common.device_state import DeviceState
 from exporters.gpu.nvml import NvmlError
+from loadlens.contracts.device_state import DeviceState
 from tests.gpu.helpers import MakeRig, SimRig, default_state
 
 

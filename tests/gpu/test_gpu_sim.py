@@ -14,10 +14,10 @@ from urllib.parse import parse_qs, urlsplit
 import pynvml
 import pytest
 
-from exporters.common.device_state import DeviceState, UtilSample
 from exporters.gpu.sim import FileSource, HttpSource, SimHandle, SimNvml, SourceError, StaticSource, open_source
-from exporters.gpu.sim_example import EXAMPLE_NOW_US, GIB, MIB, example_state
+from loadlens.contracts.device_state import DeviceState, UtilSample
 from tests.gpu.helpers import FakeClock, MakeRig, SimRig, default_state
+from tests.gpu.sim_example import EXAMPLE_NOW_US, GIB, MIB, example_state
 
 
 def test_calls_before_init_are_uninitialized(rig: SimRig) -> None:

@@ -8,7 +8,6 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporters.common.device_state import DeviceState
 from exporters.gpu.collectors import DEFAULT_COLLECTORS
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.server import GpuExporter
@@ -16,6 +15,7 @@ from exporters.gpu.sim import SimNvml, open_source
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.tracing import Tracing
+from loadlens.contracts.device_state import DeviceState
 from tests.gpu.helpers import Scraped
 from tests.support.server import serve_app
 

@@ -24,9 +24,8 @@ from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engine import GenerationRequest, RequestStream
 from exporters.serving.tracing import Tracing
 from tests.serving.fakes import ScriptedEngine
+from tests.support.paths import ROOT
 from tests.support.server import serve_app
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Override:
@@ -125,7 +124,7 @@ def run_child(
 
 
 def loadlens(*args: str) -> list[str]:
-    return [sys.executable, "-m", "exporters.cli", "load", *args]
+    return [sys.executable, "-m", "loadlens.cli", "load", *args]
 
 
 def result_of(results: Path) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from exporters.cli import build_parser
-from exporters.common.net import free_port
 from loadgen.cli import build_command
+from loadlens.cli import build_parser
+from loadlens.util.net import free_port
 from tests.loadgen.conftest import ROOT, loadlens, run_child, write_profile
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporters.common.net import free_port
+from loadlens.util.net import free_port
 from tests.loadgen.conftest import Served, loadlens, result_of, run_child, write_profile
 
 pytestmark = pytest.mark.slow

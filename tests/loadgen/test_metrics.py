@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporters.common.slo import load_slos
 from loadgen.metrics import LiveState, LoadgenCollector, bucket_bounds
 from loadgen.record import RequestRecord
 from loadgen.store import Store
+from loadlens.contracts.slo import load_slos
 
 SLOS = load_slos()
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from exporters.common.slo import load_slos
 from loadgen.metrics import bucket_bounds
 from loadgen.profile import parse_profile
 from loadgen.record import RequestRecord
 from loadgen.results import RESULT_FILE, StageWindow, build_result, jain_index, pkey, write_result
 from loadgen.store import Store
+from loadlens.contracts.slo import load_slos
 
 SLOS = load_slos()
 PROFILE = parse_profile(

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporters.common.child import http_child
-from exporters.common.net import free_port
+from loadlens.util.child import http_child
+from loadlens.util.net import free_port
 from tests.loadgen.conftest import ROOT, loadlens, result_of, run_child, write_profile
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ except ImportError:  # the simulator is written in parallel; the ScriptedEngine 
 @pytest.fixture
 def sim_server() -> Iterator[str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "exporters.cli", "serve", "--engine", "sim", "--model-profile", "tiny"]
+    cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--engine", "sim", "--model-profile", "tiny"]
     cmd += ["--gpu-profile", "h100-sxm", "--speed", "0.1", "--port", str(port), "--log-level", "warning"]
     with http_child(cmd, port, cwd=ROOT) as url:
         yield url

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from exporters.common.slo import load_slos
 from loadgen.metrics import bucket_bounds
 from loadgen.record import RequestRecord
 from loadgen.store import Dist, Store
+from loadlens.contracts.slo import load_slos
 
 SLOS = load_slos()
 BOUNDS = bucket_bounds(SLOS)

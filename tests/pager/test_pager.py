@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
-from exporters.pager.app import create_pager_app
+from loadlens.pager.app import create_pager_app
 from tests.support.server import serve_app
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.cli import main
-from exporters.common.net import free_port
+from loadlens.cli import main
+from loadlens.util.net import free_port
 
 FIXTURE = Path(__file__).with_name("fixtures") / "benchmark_result.json"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from exporters.cli import main
-from exporters.dashboards.catalog import dashboards
-from exporters.report.html import table_cells
-from exporters.report.queries import PrometheusClient, collect
-from exporters.report.results import load_results
+from loadlens.cli import main
+from loadlens.dashboards.catalog import dashboards
+from loadlens.report.html import table_cells
+from loadlens.report.queries import PrometheusClient, collect
+from loadlens.report.results import load_results
 from tests.support.live import LiveRun
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

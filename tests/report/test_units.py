@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from exporters.common.slo import load_slos
-from exporters.dashboards.catalog import dashboards
-from exporters.report.charts import drop_all_zero, render, unit_for
-from exporters.report.html import Chart, render_page, table_cells
-from exporters.report.queries import (
+from loadlens.contracts.slo import load_slos
+from loadlens.dashboards.catalog import dashboards
+from loadlens.report.charts import drop_all_zero, render, unit_for
+from loadlens.report.html import Chart, render_page, table_cells
+from loadlens.report.queries import (
     RefLine,
     Series,
     Stage,
@@ -27,7 +27,7 @@ from exporters.report.queries import (
     step_for,
     to_series,
 )
-from exporters.report.results import ResultsError, load_results, parse_results
+from loadlens.report.results import ResultsError, load_results, parse_results
 
 FIXTURE = Path(__file__).with_name("fixtures") / "benchmark_result.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from exporters.cli import build_parser, main
+from loadlens.cli import build_parser, main
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "exporters.cli", *args], capture_output=True, text=True, env=full_env, timeout=30
+        [sys.executable, "-m", "loadlens.cli", *args], capture_output=True, text=True, env=full_env, timeout=30
     )
 
 

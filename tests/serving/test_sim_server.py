@@ -12,10 +12,10 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporters.common.device_state import DEVICE_STATE_VERSION, DeviceState
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.tracing import Tracing
+from loadlens.contracts.device_state import DEVICE_STATE_VERSION, DeviceState
 from tests.support.server import raw_stream, serve_app
 
 ADMIN = {"Authorization": "Bearer t"}

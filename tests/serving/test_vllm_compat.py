@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporters.common.child import http_child
-from exporters.common.net import free_port
+from loadlens.util.child import http_child
+from loadlens.util.net import free_port
 from tests.support.prometheus import PrometheusServer, require_prometheus
 
 MODEL = "tiny"
@@ -76,7 +76,7 @@ VLLM_DASHBOARD = {
 @pytest.fixture(scope="module")
 def sim_server() -> Iterator[str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "exporters.cli", "serve", "--engine", "sim", "--model-profile", MODEL,
+    cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--engine", "sim", "--model-profile", MODEL,
            "--port", str(port), "--log-level", "warning"]  # fmt: skip
     with http_child(cmd, port) as url:
         yield url

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from exporters.common.device_state import DeviceState
 from exporters.serving.engines.sim import load_gpu_profile
 from exporters.serving.engines.sim.device import SimulatedGPU, device_state, round_alloc
+from loadlens.contracts.device_state import DeviceState
 
 MIB = 1 << 20
 A100 = load_gpu_profile("a100-40gb-pcie")

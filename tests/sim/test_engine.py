@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters.common.device_state import DeviceState
 from exporters.serving.engine import EngineError, ErrorKind, FinishReason, LoRARequest
 from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile, roofline
 from exporters.serving.engines.sim.roofline import BatchShape, attn_pairs, decode_shape, prefill_shape, step_cost
+from loadlens.contracts.device_state import DeviceState
 from tests.sim.helpers import (
     collect,
     engine_labels,

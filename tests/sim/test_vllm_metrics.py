@@ -7,9 +7,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporters.common.buckets import VLLM_INTER_TOKEN_LATENCY, VLLM_REQUEST_LATENCY, VLLM_TIME_TO_FIRST_TOKEN
 from exporters.serving.engine import FinishReason
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
+from loadlens.contracts.buckets import VLLM_INTER_TOKEN_LATENCY, VLLM_REQUEST_LATENCY, VLLM_TIME_TO_FIRST_TOKEN
 
 LAB = {"model_name": "m", "engine": "0"}
 CACHE = {"block_size": "16", "num_gpu_blocks": "100"}

@@ -20,9 +20,9 @@ import httpx
 import pytest
 import yaml
 
-from exporters.common.net import free_port
-from exporters.common.slo import DEFAULT_SLO_FILE
-from exporters.stack.runner import Stack, StackOptions
+from loadlens.contracts.slo import DEFAULT_SLO_FILE
+from loadlens.stack.runner import Stack, StackOptions
+from loadlens.util.net import free_port
 from tests.support.alertmanager import require_alertmanager
 from tests.support.prometheus import require_prometheus
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.common.net import free_port
+from loadlens.util.net import free_port
 
 
 def require_alertmanager() -> str:

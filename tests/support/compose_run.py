@@ -31,8 +31,8 @@ import yaml
 
 from tests.support import netns
 from tests.support.netns import Process
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 # Image -> the Debian binary that is the same program.
 BINARIES = {"prom/prometheus": "prometheus", "prom/alertmanager": "prometheus-alertmanager"}

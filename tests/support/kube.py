@@ -242,7 +242,7 @@ def _native_route(route: dict[str, Any]) -> dict[str, Any]:
 
 def native_config(amc: dict[str, Any]) -> dict[str, Any]:
     """An AlertmanagerConfig read back as an alertmanager.yml: what the operator does, less its namespace
-    matcher. Written from the CRD's field names, independently of exporters/deploy/k8s.py's translation."""
+    matcher. Written from the CRD's field names, independently of loadlens/codegen/k8s.py's translation."""
     spec = amc["spec"]
     receivers = []
     for r in spec["receivers"]:

@@ -1,7 +1,7 @@
 """One short, real run of the whole measurement path, shared by the tests that need live data.
 
 A sim server, the GPU exporter on its device state and ``loadlens load --profile quick --time-scale 0.1``
-(about 10 s), scraped every second by a real Prometheus under the job names of ``exporters/stack/config.py``.
+(about 10 s), scraped every second by a real Prometheus under the job names of ``loadlens/stack/config.py``.
 The dashboards' proof and the report test both read it (``live_run`` fixture in tests/conftest.py).
 """
 
@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporters.common.child import http_child
-from exporters.common.net import free_port
-from exporters.stack.config import PORTS
+from loadlens.stack.config import PORTS
+from loadlens.util.child import http_child
+from loadlens.util.net import free_port
 from tests.support.prometheus import PrometheusServer, require_prometheus
 
 JOBS = {p.name: p.job for p in PORTS if p.job is not None}
-CMD = [sys.executable, "-m", "exporters.cli"]
+CMD = [sys.executable, "-m", "loadlens.cli"]
 MODEL = "tiny"
 
 

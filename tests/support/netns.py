@@ -33,8 +33,9 @@ from typing import Any, TypeVar
 
 import httpx
 
+from tests.support.paths import ROOT
+
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_PORT = 9090
 OTLP_HTTP_PORT = 4318
 

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.common.net import free_port
+from loadlens.util.net import free_port
 
 ENV_BINARY = "LOADLENS_PROMETHEUS"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import uvicorn
 
-from exporters.common.net import free_port
+from loadlens.util.net import free_port
 
 __all__ = ["free_port", "raw_stream", "serve_app"]
 

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.common.device_state import (
+from exporters.serving.engines.sim.profile import GPUProfile
+from loadlens.contracts.device_state import (
     DEVICE_STATE_VERSION,
     AllocatorState,
     DeviceProcess,
@@ -40,7 +41,6 @@ from exporters.common.device_state import (
     SimDevice,
     UtilSample,
 )
-from exporters.serving.engines.sim.profile import GPUProfile
 
 SAMPLE_INTERVAL_SECONDS = 0.01
 RING_SAMPLES = 6000

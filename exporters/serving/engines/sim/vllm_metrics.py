@@ -18,7 +18,8 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from exporters.common.buckets import (
+from exporters.serving.engine import FinishReason
+from loadlens.contracts.buckets import (
     ENGINE_STEP_SECONDS,
     LORA_SWAP_BLOCKING,
     SIM_BATCH_SEQS,
@@ -31,7 +32,6 @@ from exporters.common.buckets import (
     VLLM_TIME_TO_FIRST_TOKEN,
     build_1_2_5_buckets,
 )
-from exporters.serving.engine import FinishReason
 
 WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
 ADMISSION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")

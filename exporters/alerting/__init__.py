@@ -1,1 +1,0 @@
-"""Alert and recording rules generated from the SLO file (``python -m exporters.alerting.generate``)."""

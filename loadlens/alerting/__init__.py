@@ -1,0 +1,1 @@
+"""Alert and recording rules generated from the SLO file (``python -m loadlens.codegen.alerts``)."""

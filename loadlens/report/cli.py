@@ -1,0 +1,160 @@
+"""``loadlens report``: the dashboards' queries over a test window, as one self-contained HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loadlens.util.cliutil import UsageError, env_arg
+
+if TYPE_CHECKING:
+    from loadlens.contracts.slo import SLOConfig
+    from loadlens.dashboards.model import Dashboard
+    from loadlens.report.queries import PrometheusClient
+    from loadlens.report.results import Results
+
+ENV = "LOADLENS_REPORT_"
+DEFAULT_PROMETHEUS = "http://127.0.0.1:19090"  # the local stack's Prometheus (loadlens/stack/config.py)
+REPORT_FILE = "report.html"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "report",
+        help="render the dashboards' queries for a test window into a self-contained HTML report",
+        description=(
+            "Query Prometheus with every dashboard panel's PromQL over --from/--to, draw PNG charts (SLO lines, "
+            "stage bands) and the per-stage table of benchmark_result.json into DIR/report.html (one file, works "
+            "offline). Times are Unix seconds or ISO 8601; with --results they default to the run's start and end."
+        ),
+    )
+    env_arg(p, "--prometheus", default=DEFAULT_PROMETHEUS, help="Prometheus base URL", env_prefix=ENV)
+    env_arg(p, "--from", dest="start", metavar="T", help="window start (Unix seconds or ISO 8601)", env_prefix=ENV)
+    env_arg(p, "--to", dest="end", metavar="T", help="window end (Unix seconds or ISO 8601)", env_prefix=ENV)
+    env_arg(p, "--results", type=Path, metavar="FILE", help="benchmark_result.json of the run", env_prefix=ENV)
+    env_arg(p, "--out", type=Path, default=Path("report"), metavar="DIR", help="output directory", env_prefix=ENV)
+    env_arg(
+        p,
+        "--rate-interval",
+        default="30s",
+        help="window substituted for Grafana's $__rate_interval",
+        env_prefix=ENV,
+    )
+    env_arg(p, "--slo-file", type=Path, metavar="PATH", help="SLO file (default: the packaged one)", env_prefix=ENV)
+    p.set_defaults(handler=run)
+
+
+def _window(args: argparse.Namespace, results_start: float | None, results_end: float | None) -> tuple[float, float]:
+    from loadlens.report.queries import parse_time
+
+    def one(flag: str, text: str | None, fallback: float | None) -> float:
+        if text is None or text == "":
+            if fallback is None:
+                raise UsageError(f"{flag} is required (or give --results with a run start and end)")
+            return fallback
+        try:
+            return parse_time(text)
+        except ValueError as err:
+            raise UsageError(f"{flag}: {err}") from None
+
+    start = one("--from", args.start, results_start)
+    end = one("--to", args.end, results_end)
+    if end <= start:
+        raise UsageError(f"--to ({end:.3f}) must be after --from ({start:.3f})")
+    return start, end
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadlens.contracts.slo import SLOConfigError, load_slos
+    from loadlens.dashboards.catalog import dashboards
+    from loadlens.report.queries import PrometheusClient, PrometheusUnreachable, parse_duration
+    from loadlens.report.results import ResultsError, load_results
+
+    results: Results | None = None
+    if args.results is not None:
+        try:
+            results = load_results(args.results)
+        except ResultsError as err:
+            raise UsageError(str(err)) from None
+    start, end = _window(args, results.start if results else None, results.end if results else None)
+    try:
+        rate_interval = parse_duration(args.rate_interval)
+    except ValueError as err:
+        raise UsageError(f"--rate-interval: {err}") from None
+    if not str(args.prometheus).startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus: not an http(s) URL: {args.prometheus!r}")
+    try:
+        slos = load_slos(args.slo_file)
+        boards = dashboards(args.slo_file)
+    except SLOConfigError as err:
+        raise UsageError(str(err)) from None
+    client = PrometheusClient(args.prometheus)
+    try:
+        client.check()
+    except PrometheusUnreachable as err:
+        print(f"loadlens report: error: {err}", file=sys.stderr)
+        return 1
+    try:
+        path = build_report(client, boards, slos, start, end, results, args.out, rate_interval)
+    except PrometheusUnreachable as err:
+        print(f"loadlens report: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"loadlens report: error: cannot write {args.out}: {err.strerror}", file=sys.stderr)
+        return 1
+    print(f"loadlens report: {path}")
+    return 0
+
+
+def build_report(
+    client: PrometheusClient,
+    boards: Mapping[str, Dashboard],
+    slos: SLOConfig,
+    start: float,
+    end: float,
+    results: Results | None,
+    out: Path,
+    rate_interval: str = "30s",
+) -> Path:
+    """Query, draw, write ``out/report.html`` (atomically); returns its path."""
+    from loadlens.report.charts import render
+    from loadlens.report.html import Chart, render_page
+    from loadlens.report.queries import collect, reference_lines
+
+    panels, prom_stages = collect(client, boards, start, end, rate_interval)
+    stages = list(results.stages) if results is not None and results.stages else prom_stages
+    charts = []
+    for data in panels:
+        panel = data.panel
+        png = render(
+            panel.title,
+            panel.unit,
+            data.series,
+            start=start,
+            end=end,
+            stages=stages,
+            ref_lines=reference_lines(panel, slos),
+            stacked=panel.stack,
+            y_min=panel.min,
+            y_max=panel.max,
+        )
+        charts.append(Chart(data.dashboard, data.row, panel.title, panel.description, png, tuple(data.errors)))
+    page = render_page(
+        prometheus=client.url,
+        start=start,
+        end=end,
+        charts=charts,
+        results=results,
+        rate_interval=rate_interval,
+        generated=time.time(),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / REPORT_FILE
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path

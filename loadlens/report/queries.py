@@ -1,0 +1,249 @@
+"""What the report asks Prometheus: the dashboards' own panel queries, made concrete for one test window.
+
+Pure helpers (time parsing, variable substitution, legends, stage bands) plus a small ``query_range``
+client on urllib. Grafana's ``$__rate_interval`` becomes a fixed window (default ``30s``) and every
+multi-value template variable becomes ``.*`` (Grafana's "All").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from loadlens.contracts.slo import SLOConfig
+from loadlens.dashboards.model import RATE_INTERVAL, Dashboard, Panel
+
+TEMPLATE_VARIABLES = ("$model", "$instance", "$gpu", "$stage")
+MAX_POINTS = 400
+_DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h)$")
+_SLO_NAME = re.compile(r'slo="([a-z_]+)"')
+_LEGEND_LABEL = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
+
+
+class PrometheusUnreachable(RuntimeError):
+    """Prometheus did not answer at all (connection refused, DNS, timeout, not an API)."""
+
+
+class QueryError(RuntimeError):
+    """Prometheus answered but refused one query (bad PromQL, too many points)."""
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds (``1795995431`` or ``1795995431.5``) or ISO 8601 (``2026-11-29T23:37:11Z``) -> Unix seconds.
+
+    ISO times without an offset are UTC. Raises ``ValueError`` naming the value.
+    """
+    raw = text.strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"not a time: {text!r} (Unix seconds must be positive)")
+        return value
+    iso = raw[:-1] + "+00:00" if raw.endswith(("Z", "z")) else raw
+    try:
+        parsed = datetime.fromisoformat(iso)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (use Unix seconds or ISO 8601, e.g. 2026-11-29T23:37:11Z)") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def parse_duration(text: str) -> str:
+    """A Prometheus range like ``30s`` or ``1m`` (validated, returned as is)."""
+    if not _DURATION.match(text.strip()):
+        raise ValueError(f"not a Prometheus duration like 30s or 1m: {text!r}")
+    return text.strip()
+
+
+def concrete(expr: str, rate_interval: str = "30s") -> str:
+    """A dashboard expression with ``$__rate_interval`` and the template variables substituted."""
+    out = expr.replace(RATE_INTERVAL, rate_interval)
+    for name in TEMPLATE_VARIABLES:
+        out = out.replace(name, ".*")
+    return out
+
+
+def step_for(start: float, end: float, max_points: int = MAX_POINTS) -> int:
+    """Whole seconds between points so the window has at most ``max_points`` (>= 1 s)."""
+    return max(1, math.ceil((end - start) / max_points))
+
+
+def legend(template: str, labels: Mapping[str, str]) -> str:
+    """Grafana's legendFormat: ``{{label}}`` replaced by the series' label (empty when absent)."""
+    text = _LEGEND_LABEL.sub(lambda m: labels.get(m.group(1), ""), template)
+    return " ".join(text.split()) or "value"
+
+
+def is_slo_target(legend_template: str) -> bool:
+    """SLO reference series (dashed lines); the report draws them from the SLO file instead."""
+    return legend_template.startswith("SLO")
+
+
+@dataclass(frozen=True)
+class RefLine:
+    """A horizontal reference line in the panel's own unit (seconds, ratio...)."""
+
+    value: float
+    label: str
+
+
+def reference_lines(panel: Panel, slos: SLOConfig) -> list[RefLine]:
+    """SLO lines (one per priority class) for panels with an SLO target, and the panel's threshold line."""
+    lines: list[RefLine] = []
+    for target in panel.targets:
+        if not is_slo_target(target.legend):
+            continue
+        match = _SLO_NAME.search(target.expr)
+        name = match.group(1) if match else ""
+        if name in ("ttft", "itl", "e2e"):
+            for cls in slos.classes:
+                lines.append(RefLine(cls.thresholds()[name], f"SLO {name.upper()} {cls.name}"))
+        elif name == "lora_swap_delay":
+            lines.append(RefLine(slos.lora_swap.delay_seconds, "SLO swap delay"))
+    if panel.threshold is not None:
+        lines.append(RefLine(panel.threshold.value, "threshold"))
+    return lines
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    times: tuple[float, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    start: float
+    end: float
+    warmup: bool = False
+
+
+@dataclass
+class PanelData:
+    """One panel's series over the window, and the queries that failed (shown under the chart)."""
+
+    dashboard: str
+    row: str
+    panel: Panel
+    series: list[Series] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def to_series(result: Sequence[Mapping[str, Any]], legend_template: str) -> list[Series]:
+    """A ``query_range`` matrix -> named series (NaN and ±Inf points dropped; empty series skipped)."""
+    out: list[Series] = []
+    for item in result:
+        labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
+        points = [(float(t), float(v)) for t, v in item.get("values", [])]
+        points = [(t, v) for t, v in points if math.isfinite(v)]
+        if points:
+            name = legend(legend_template, labels)
+            out.append(Series(name, tuple(t for t, _ in points), tuple(v for _, v in points)))
+    return out
+
+
+def stages_from_series(series: Iterable[Series]) -> list[Stage]:
+    """Stage bands from the Stage panel (``loadlens_loadgen_stage`` is 1 while its stage runs)."""
+    stages: list[Stage] = []
+    for s in series:
+        run_start: float | None = None
+        last = 0.0
+        for t, v in zip(s.times, s.values, strict=True):
+            if v >= 1 and run_start is None:
+                run_start = t
+            elif v < 1 and run_start is not None:
+                stages.append(Stage(s.name, run_start, t))
+                run_start = None
+            last = t
+        if run_start is not None:
+            stages.append(Stage(s.name, run_start, last))
+    return sorted(stages, key=lambda st: st.start)
+
+
+class PrometheusClient:
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _get(self, path: str, params: Mapping[str, str], timeout: float) -> Any:
+        query = urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=timeout) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as err:
+            try:
+                doc = json.loads(err.read())
+            except ValueError:
+                raise QueryError(f"HTTP {err.code}") from None
+            raise QueryError(str(doc.get("error", f"HTTP {err.code}"))) from None
+        except (urllib.error.URLError, OSError, TimeoutError) as err:
+            reason = getattr(err, "reason", err)
+            raise PrometheusUnreachable(f"cannot reach Prometheus at {self.url}: {reason}") from None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise PrometheusUnreachable(f"{self.url} did not answer like a Prometheus API (not JSON)") from None
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            raise QueryError(str(doc.get("error", doc) if isinstance(doc, dict) else doc))
+        return doc["data"]
+
+    def check(self) -> None:
+        """Fail fast (3 s) when nothing Prometheus-like answers at the URL."""
+        try:
+            self._get("query", {"query": "1"}, timeout=3.0)
+        except QueryError as err:
+            raise PrometheusUnreachable(f"{self.url} did not answer like a Prometheus API: {err}") from None
+
+    def query_range(self, expr: str, start: float, end: float, step: int) -> list[dict[str, Any]]:
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step)}
+        data = self._get("query_range", params, self.timeout)
+        result: list[dict[str, Any]] = data.get("result", [])
+        return result
+
+
+def collect(
+    client: PrometheusClient,
+    boards: Mapping[str, Dashboard],
+    start: float,
+    end: float,
+    rate_interval: str = "30s",
+) -> tuple[list[PanelData], list[Stage]]:
+    """Every time-series panel's data (SLO targets left out: drawn from the SLO file), and stage bands
+    derived from the overview's Stage panel. Unreachable Prometheus propagates; a refused query is noted."""
+    step = step_for(start, end)
+    panels: list[PanelData] = []
+    stage_bands: list[Stage] = []
+    for stem, board in boards.items():
+        for row in board.rows:
+            for panel in row.panels:
+                if panel.kind == "stat":
+                    continue
+                data = PanelData(board.title, row.title, panel)
+                for target in panel.targets:
+                    if is_slo_target(target.legend):
+                        continue
+                    try:
+                        result = client.query_range(concrete(target.expr, rate_interval), start, end, step)
+                    except QueryError as err:
+                        data.errors.append(f"{target.legend}: {err}")
+                        continue
+                    data.series.extend(to_series(result, target.legend))
+                if stem == "loadlens-overview" and panel.title == "Stage":
+                    stage_bands = stages_from_series(data.series)
+                    continue
+                panels.append(data)
+    return panels, stage_bands

@@ -1,0 +1,65 @@
+"""Run an HTTP server as a child process until it answers its health URL: the demo, benchmarks and tests.
+
+with http_child([sys.executable, "-m", "loadlens.cli", "serve", "--port", str(port)], port) as url:
+    ...   # url == "http://127.0.0.1:<port>"; the child is stopped (SIGTERM, then SIGKILL) on exit
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+
+class ChildError(RuntimeError):
+    """The child exited or never answered; the message carries the end of its stderr."""
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def http_child(
+    argv: Sequence[str],
+    port: int,
+    *,
+    health_path: str = "/health",
+    cwd: Path | None = None,
+    timeout_s: float = 30.0,
+) -> Iterator[str]:
+    """Start ``argv`` (its own process group), wait for ``http://127.0.0.1:<port><health_path>`` to answer 200."""
+    proc = subprocess.Popen(
+        list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _healthy(url + health_path):
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+                raise ChildError(f"{argv[2:5]} exited with {proc.returncode}: {err}")
+            if time.monotonic() > deadline:
+                raise ChildError(f"{argv[2:5]} did not answer {health_path} within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
