@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
+from loadlens.contracts.ports import SERVE_JOB
 from loadlens.contracts.slo import PriorityClass, SLOConfig
 
 # Multi-window multi-burn-rate table for a 30-day budget (SRE Workbook; the 1d/2h row as sloth/k8s-mixin).
@@ -29,7 +30,7 @@ BURN_WINDOWS: tuple[tuple[str, str, str, float, str], ...] = (
     ("warning", "3d", "6h", 1.0, "3h"),
 )
 SLI_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
-SERVICE = "loadlens-serve"
+SERVICE = SERVE_JOB  # sloth_service: the service whose SLOs these are
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, PAGER_JOB, SERVE_JOB, job_selector
+
 DEFAULT_SLO_FILE = Path(__file__).with_name("slos.yaml")
 
 
@@ -163,6 +165,13 @@ _ALERT_NUMBERS = {
     "loadgen_cpu_ratio": 1.0,
     "fairness_index_min": 1.0,
 }
+# The selector of each process the rules watch, from the ports table's job names.
+DEFAULT_SELECTORS: dict[str, str] = {
+    "serving": job_selector(SERVE_JOB),
+    "gpu": job_selector(GPU_JOB),
+    "loadgen": job_selector(LOADGEN_JOB),
+    "pager": job_selector(PAGER_JOB),
+}
 _DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d)$")
 
 
@@ -170,7 +179,9 @@ def _alerting(section: Any) -> dict[str, Any]:
     """Validate the alerting section; absent keys are fine here (the rule generator requires what it uses)."""
     if not isinstance(section, dict):
         raise SLOConfigError("alerting must be a mapping")
-    out: dict[str, Any] = {}
+    # Rules select each process by its Prometheus job (the ports table); a file may override a selector, e.g.
+    # to add a cluster matcher, but names no job itself.
+    out: dict[str, Any] = {"selectors": dict(DEFAULT_SELECTORS)}
     for key, value in section.items():
         if key in _ALERT_NUMBERS:
             out[key] = _num(section, key, "alerting", hi=_ALERT_NUMBERS[key])
@@ -181,7 +192,12 @@ def _alerting(section: Any) -> dict[str, Any]:
         elif key == "selectors":
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise SLOConfigError("alerting.selectors: must map names to PromQL label matchers")
-            out[key] = dict(value)
+            unknown = sorted(set(value) - set(DEFAULT_SELECTORS))
+            if unknown:
+                raise SLOConfigError(
+                    f"alerting.selectors.{unknown[0]}: unknown name (known: {', '.join(sorted(DEFAULT_SELECTORS))})"
+                )
+            out[key] = {**DEFAULT_SELECTORS, **value}
         elif key == "runbook_base_url":
             if not isinstance(value, str) or not value.strip() or "#" in value:
                 raise SLOConfigError("alerting.runbook_base_url: must be a URL or path without a #fragment")

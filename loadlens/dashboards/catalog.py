@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, SERVE_JOB, job_selector
 from loadlens.contracts.slo import SLOConfig, load_slos
 from loadlens.dashboards.model import (
     Annotation,
@@ -27,12 +28,13 @@ from loadlens.dashboards.model import (
 # Selectors. Server-side series carry the vLLM-style `model_name` (gen_ai_* carry `gen_ai_request_model`);
 # load-generator series carry `stage`; GPU series carry `gpu`. `$instance` narrows to one scrape target of
 # the dashboard's own job; the load generator is its own job, so its selectors leave `instance` alone.
-SERVE = 'job="loadlens-serve", model_name=~"$model", instance=~"$instance"'
-SERVE_ANY = 'job="loadlens-serve", instance=~"$instance"'
-GENAI = 'job="loadlens-serve", gen_ai_request_model=~"$model", instance=~"$instance"'
-CLIENT = 'job="loadlens-loadgen", model_name=~"$model", stage=~"$stage"'
-LOADGEN = 'job="loadlens-loadgen"'
-GPU = 'job="loadlens-gpu", instance=~"$instance", gpu=~"$gpu"'
+SERVE = f'{job_selector(SERVE_JOB)}, model_name=~"$model", instance=~"$instance"'
+SERVE_ANY = f'{job_selector(SERVE_JOB)}, instance=~"$instance"'
+GENAI = f'{job_selector(SERVE_JOB)}, gen_ai_request_model=~"$model", instance=~"$instance"'
+CLIENT = f'{job_selector(LOADGEN_JOB)}, model_name=~"$model", stage=~"$stage"'
+LOADGEN = job_selector(LOADGEN_JOB)
+GPU_ON_INSTANCE = f'{job_selector(GPU_JOB)}, instance=~"$instance"'
+GPU = f'{GPU_ON_INSTANCE}, gpu=~"$gpu"'
 LOADGEN_STAGE = LOADGEN + ', stage=~"$stage"'
 CLIENT_FAILED = CLIENT + ', outcome!="success"'
 ENGINE_FAILED = SERVE + ', finished_reason=~"abort|error"'
@@ -61,13 +63,15 @@ def _alerts_annotation() -> Annotation:
 
 def _variables(instance_metric: str, *, gpu: bool = False) -> tuple[Variable, ...]:
     out = [
-        Variable("model", "Model", 'label_values(loadlens_requests_total{job="loadlens-serve"}, model_name)'),
+        Variable("model", "Model", f"label_values(loadlens_requests_total{{{job_selector(SERVE_JOB)}}}, model_name)"),
         Variable("instance", "Instance", f"label_values({instance_metric}, instance)"),
-        Variable("stage", "Stage", 'label_values(loadlens_loadgen_stage{job="loadlens-loadgen"}, stage)'),
+        Variable("stage", "Stage", f"label_values(loadlens_loadgen_stage{{{LOADGEN}}}, stage)"),
     ]
     if gpu:
         out.append(
-            Variable("gpu", "GPU", 'label_values(loadlens_gpu_info{job="loadlens-gpu", instance=~"$instance"}, gpu)')
+            Variable(
+                "gpu", "GPU", f'label_values(loadlens_gpu_info{{{job_selector(GPU_JOB)}, instance=~"$instance"}}, gpu)'
+            )
         )
     return tuple(out)
 
@@ -253,7 +257,7 @@ def overview() -> Dashboard:
         title="loadlens / Load test overview",
         description="Stages, request rate, latency against the SLOs, throughput, goodput and errors of a load test.",
         rows=(load, latency, throughput, errors),
-        variables=_variables('loadlens_build_info{job="loadlens-serve"}'),
+        variables=_variables(f"loadlens_build_info{{{job_selector(SERVE_JOB)}}}"),
         annotations=(_stage_annotation(), _alerts_annotation()),
     )
 
@@ -442,7 +446,7 @@ def gpu(slos: SLOConfig) -> Dashboard:
         title="loadlens / GPU & VRAM",
         description="Utilisation and its swing, VRAM, fragmentation, power, thermals, clocks, throttling, XID.",
         rows=(util, vram, board),
-        variables=_variables('loadlens_gpu_info{job="loadlens-gpu"}', gpu=True),
+        variables=_variables(f"loadlens_gpu_info{{{job_selector(GPU_JOB)}}}", gpu=True),
         annotations=(_stage_annotation(), _alerts_annotation()),
     )
 
@@ -639,7 +643,7 @@ def serving(slos: SLOConfig) -> Dashboard:
         title="loadlens / Serving engine",
         description="Scheduler, KV cache, batch size, preemptions, request phases, priority classes, LoRA, rejections.",
         rows=(sched, phases, classes, lora, rejects),
-        variables=_variables('loadlens_build_info{job="loadlens-serve"}'),
+        variables=_variables(f"loadlens_build_info{{{job_selector(SERVE_JOB)}}}"),
         annotations=(_stage_annotation(), _alerts_annotation()),
     )
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from loadlens.report.results import Results
 
 ENV = "LOADLENS_REPORT_"
-DEFAULT_PROMETHEUS = "http://127.0.0.1:19090"  # the local stack's Prometheus (loadlens/stack/config.py)
+DEFAULT_PROMETHEUS = "http://127.0.0.1:19090"  # the local stack's Prometheus (loadlens/contracts/ports.py)
 REPORT_FILE = "report.html"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loadlens.stack.config import PORT
+from loadlens.contracts.ports import PORT
 from loadlens.util.cliutil import env_arg, port_number, positive_float
 
 

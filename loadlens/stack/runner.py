@@ -27,10 +27,11 @@ from typing import Any
 import yaml
 
 from loadlens.alerting.alertmanager import alertmanager_config
+from loadlens.alerting.prometheus_config import prometheus_config
 from loadlens.alerting.rule_file import render
 from loadlens.alerting.rules import build_groups
+from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, PAGER_JOB, SERVE_JOB
 from loadlens.contracts.slo import load_slos
-from loadlens.stack.config import prometheus_config
 from loadlens.util.cliutil import UsageError
 
 STATE_FILE = "stack.json"
@@ -169,10 +170,10 @@ class Stack:
         (d / "alertmanager.yml").write_text(yaml.safe_dump(am, sort_keys=False))
         prom = prometheus_config(
             {
-                "loadlens-serve": [f"127.0.0.1:{o.serve_port}"],
-                "loadlens-gpu": [f"127.0.0.1:{o.gpu_port}"],
-                "loadlens-loadgen": [f"127.0.0.1:{o.loadgen_port}"],
-                "loadlens-pager": [f"127.0.0.1:{o.pager_port}"],
+                SERVE_JOB: [f"127.0.0.1:{o.serve_port}"],
+                GPU_JOB: [f"127.0.0.1:{o.gpu_port}"],
+                LOADGEN_JOB: [f"127.0.0.1:{o.loadgen_port}"],
+                PAGER_JOB: [f"127.0.0.1:{o.pager_port}"],
             },
             rule_files=[str(d / "rules" / "*.yaml")],
             alertmanagers=[f"127.0.0.1:{o.alertmanager_port}"],

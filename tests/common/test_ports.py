@@ -1,10 +1,10 @@
-"""One table of ports: docs/architecture.md shows exactly loadlens/stack/config.py's PORTS."""
+"""One table of ports: docs/architecture.md shows exactly loadlens/contracts/ports.py's PORTS."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from loadlens.stack.config import PORTS
+from loadlens.contracts.ports import PORTS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 

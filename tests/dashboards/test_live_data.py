@@ -1,5 +1,5 @@
 """The proof: after a short real load run against the simulator, scraped by a real Prometheus under the job
-names of loadlens/stack/config.py, every dashboard query (variables substituted) returns data.
+names of loadlens/contracts/ports.py, every dashboard query (variables substituted) returns data.
 
 Children: ``loadlens serve --engine sim``, ``loadlens gpu-exporter --backend sim`` reading the sim's device
 state, and ``loadlens load --profile quick --time-scale 0.1 --headless`` (about 10 s): the shared live run of

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from loadlens.stack.config import PORT, PORTS
+from loadlens.contracts.ports import PORT, PORTS
 from tests.deploy.support import (
     COMPOSE,
     DEPLOY_README,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from loadlens.stack.config import PORTS
+from loadlens.contracts.ports import PORTS
 from tests.support import compose_run, netns
 
 JOBS = {p.job for p in PORTS if p.job is not None}

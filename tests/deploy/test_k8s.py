@@ -17,7 +17,7 @@ import yaml
 
 from loadlens.cli import build_parser
 from loadlens.codegen import k8s
-from loadlens.stack.config import PORT, PORTS
+from loadlens.contracts.ports import PORT, PORTS
 from tests.deploy.support import (
     K8S,
     OVERLAYS,

@@ -1,7 +1,7 @@
 """One short, real run of the whole measurement path, shared by the tests that need live data.
 
 A sim server, the GPU exporter on its device state and ``loadlens load --profile quick --time-scale 0.1``
-(about 10 s), scraped every second by a real Prometheus under the job names of ``loadlens/stack/config.py``.
+(about 10 s), scraped every second by a real Prometheus under the job names of ``loadlens/contracts/ports.py``.
 The dashboards' proof and the report test both read it (``live_run`` fixture in tests/conftest.py).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadlens.stack.config import PORTS
+from loadlens.contracts.ports import PORTS
 from loadlens.util.child import http_child
 from loadlens.util.net import free_port
 from tests.support.prometheus import PrometheusServer, require_prometheus
