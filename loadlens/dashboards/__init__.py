@@ -1,2 +1,3 @@
-"""Grafana dashboards as code: a small typed builder (``model``), the loadlens dashboards (``catalog``) and
-the generator that writes ``dashboards/`` (``generate``)."""
+"""Grafana dashboards as code: a small typed builder (``model``), one module per loadlens dashboard
+(``overview``, ``gpu``, ``serving``) over shared selectors and variables (``common``), and ``catalog``,
+which maps file stems to dashboards for the generator (``loadlens.codegen.dashboards``)."""

@@ -1,0 +1,220 @@
+"""The serving engine dashboard: scheduler, KV cache, batch size, request phases, priority classes, LoRA,
+rejections.
+
+Constant thresholds (KV cache, fairness, swap share) come from the SLO file, baked in at generation time.
+"""
+
+from __future__ import annotations
+
+from loadlens.contracts.ports import SERVE_JOB, job_selector
+from loadlens.contracts.slo import SLOConfig
+from loadlens.dashboards.common import (
+    ENGINE_FAILED,
+    GENAI,
+    LOADGEN,
+    SERVE,
+    SERVE_ANY,
+    SLO_DASHED,
+    alerts_annotation,
+    slo_line,
+    stage_annotation,
+    variables,
+)
+from loadlens.dashboards.model import Dashboard, Panel, Row, Target, Threshold, increase, mean, quantile, rate
+
+
+def dashboard(slos: SLOConfig) -> Dashboard:
+    sched = Row(
+        "Scheduler",
+        (
+            Panel(
+                "Running / waiting",
+                "short",
+                (
+                    Target(f"sum(vllm:num_requests_running{{{SERVE}}})", "running"),
+                    Target(f"sum(vllm:num_requests_waiting{{{SERVE}}})", "waiting"),
+                    Target(f"sum by (reason) (vllm:num_requests_waiting_by_reason{{{SERVE}}})", "waiting: {{reason}}"),
+                    Target(f"sum(loadlens_requests_in_flight{{{SERVE}}})", "in flight (serving layer)"),
+                ),
+                "Requests in the engine's batch, waiting for it (capacity or deferred for LoRA slots), and admitted.",
+                min=0,
+            ),
+            Panel(
+                "KV cache usage",
+                "percentunit",
+                (Target(f"max(vllm:kv_cache_usage_perc{{{SERVE}}})", "KV cache used"),),
+                "Referenced KV blocks / all blocks.",
+                threshold=Threshold(slos.alerting["kv_cache_usage_ratio"]),
+                min=0,
+                max=1,
+            ),
+            Panel(
+                "Batch size (iteration tokens)",
+                "short",
+                (
+                    Target(quantile(0.5, "vllm:iteration_tokens_total", SERVE), "p50"),
+                    Target(quantile(0.99, "vllm:iteration_tokens_total", SERVE), "p99"),
+                    Target(mean("vllm:iteration_tokens_total", SERVE), "mean"),
+                ),
+                "Tokens per engine step (prompt tokens of requests reaching their first token + generated tokens).",
+                min=0,
+            ),
+            Panel(
+                "Preemptions",
+                "ops",
+                (Target(f"sum({rate('vllm:num_preemptions_total', SERVE)})", "preemptions/s"),),
+                "Requests preempted (KV cache pressure) per second; they recompute later.",
+                min=0,
+            ),
+        ),
+    )
+    phases = Row(
+        "Request phases",
+        tuple(
+            Panel(
+                f"{name} time",
+                "s",
+                (
+                    Target(quantile(0.5, f"vllm:request_{metric}_time_seconds", SERVE), "p50"),
+                    Target(quantile(0.99, f"vllm:request_{metric}_time_seconds", SERVE), "p99"),
+                    Target(mean(f"vllm:request_{metric}_time_seconds", SERVE), "mean"),
+                ),
+                what,
+                width=8,
+            )
+            for name, metric, what in (
+                ("Queue", "queue", "Queued until first scheduled."),
+                ("Prefill", "prefill", "First scheduled until first token."),
+                ("Decode", "decode", "First token until last token."),
+            )
+        ),
+    )
+    classes = Row(
+        "Priority classes and fairness",
+        (
+            Panel(
+                "Requests by priority class",
+                "reqps",
+                (Target(f"sum by (priority_class) ({rate('loadlens_requests_total', SERVE)})", "{{priority_class}}"),),
+                "Finished requests per second by priority class.",
+                stack=True,
+                width=8,
+            ),
+            Panel(
+                "TTFT p99 by priority class",
+                "s",
+                (
+                    Target(
+                        quantile(0.99, "gen_ai_server_time_to_first_token_seconds", GENAI, by="priority_class"),
+                        "{{priority_class}} p99",
+                    ),
+                    slo_line("ttft"),
+                ),
+                "Each class against its own TTFT SLO (dashed).",
+                dashed=SLO_DASHED,
+                width=8,
+            ),
+            Panel(
+                "Fairness (Jain's index)",
+                "percentunit",
+                (
+                    Target(
+                        f'max by (stage) (loadlens_client_jain_fairness_index{{{LOADGEN}, stage=~"$stage"}})',
+                        "{{stage}}",
+                    ),
+                ),
+                f"Jain's index across priority classes (1 = fair; alert below {slos.alerting['fairness_index_min']}).",
+                threshold=Threshold(slos.alerting["fairness_index_min"], color="green"),
+                min=0,
+                max=1,
+                width=8,
+            ),
+        ),
+    )
+    lora = Row(
+        "LoRA adapters",
+        (
+            Panel(
+                "Adapters loaded",
+                "short",
+                (
+                    Target(
+                        "count by (running_lora_adapters, waiting_lora_adapters, max_lora)"
+                        f" (vllm:lora_requests_info{{{SERVE_ANY}}})",
+                        "running: {{running_lora_adapters}} waiting: {{waiting_lora_adapters}} (max {{max_lora}})",
+                    ),
+                    Target(
+                        "sum by (operation, outcome)"
+                        f" ({increase('loadlens_lora_adapter_operations_total', SERVE_ANY)})",
+                        "{{operation}} {{outcome}}",
+                    ),
+                ),
+                "Adapters the engine runs and waits for (in the legend), and runtime load/unload calls per interval.",
+                min=0,
+            ),
+            Panel(
+                "Swap blocking",
+                "s",
+                (
+                    Target(quantile(0.99, "loadlens_lora_swap_blocking_seconds", SERVE), "blocked p99"),
+                    Target(mean("loadlens_lora_swap_blocking_seconds", SERVE), "blocked mean"),
+                    Target(
+                        'max(loadlens_slo_threshold_seconds{priority_class="all", slo="lora_swap_delay"})',
+                        "SLO swap delay",
+                    ),
+                ),
+                "Per request, time blocked behind adapter loads; dashed: the hot-swap delay SLO.",
+                dashed=SLO_DASHED,
+            ),
+            Panel(
+                "Requests delayed by swaps",
+                "percentunit",
+                (
+                    Target(
+                        f"sum({rate('loadlens_lora_swap_delayed_requests_total', SERVE)})"
+                        f" / sum({rate('loadlens_slo_eligible_requests_total', SERVE)})",
+                        "delayed share",
+                    ),
+                ),
+                f"Share of requests blocked beyond the swap-delay SLO; line: {slos.lora_swap.max_delayed_ratio:.1%}.",
+                threshold=Threshold(slos.lora_swap.max_delayed_ratio),
+                min=0,
+            ),
+        ),
+    )
+    rejects = Row(
+        "Rejected and aborted",
+        (
+            Panel(
+                "Rejected requests",
+                "reqps",
+                (
+                    Target(f"sum by (reason) ({rate('loadlens_request_rejections_total', SERVE)})", "{{reason}}"),
+                    Target(f"sum by (reason) ({rate('vllm:admission_rejections_total', SERVE)})", "engine {{reason}}"),
+                ),
+                "Refused before generation, by reason; engine admission bounds (429s) separately.",
+                min=0,
+            ),
+            Panel(
+                "Aborted requests",
+                "reqps",
+                (
+                    Target(f"sum by (reason) ({rate('loadlens_request_aborts_total', SERVE)})", "{{reason}}"),
+                    Target(
+                        f"sum by (finished_reason) ({rate('vllm:request_success_total', ENGINE_FAILED)})",
+                        "engine {{finished_reason}}",
+                    ),
+                ),
+                "Ended after admission: client went away, engine error, shutdown.",
+                min=0,
+            ),
+        ),
+    )
+    return Dashboard(
+        uid="loadlens-serving",
+        title="loadlens / Serving engine",
+        description="Scheduler, KV cache, batch size, preemptions, request phases, priority classes, LoRA, rejections.",
+        rows=(sched, phases, classes, lora, rejects),
+        variables=variables(f"loadlens_build_info{{{job_selector(SERVE_JOB)}}}"),
+        annotations=(stage_annotation(), alerts_annotation()),
+    )
