@@ -26,6 +26,7 @@ from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_nu
 
 if TYPE_CHECKING:
     from exporters.gpu.nvml import Nvml
+    from exporters.gpu.registration import CollectorRegistrations
 
 log = logging.getLogger("exporters.gpu")
 
@@ -121,20 +122,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def parse_collectors(text: str, dcgm_compat: bool) -> list[str]:
-    from exporters.gpu.collectors import COLLECTORS, DEFAULT_COLLECTORS
+def parse_collectors(text: str, dcgm_compat: bool, available: CollectorRegistrations | None = None) -> list[str]:
+    """The ``--collectors`` value as collector names, in order, without duplicates."""
+    if available is None:
+        from exporters.gpu.collectors import COLLECTORS
 
+        available = COLLECTORS
     names: list[str] = []
     for raw in text.split(","):
         name = raw.strip()
         if not name:
             continue
         if name == "default":
-            names.extend(DEFAULT_COLLECTORS)
-        elif name in COLLECTORS:
+            names.extend(available.defaults())
+        elif name in available:
             names.append(name)
         else:
-            raise UsageError(f"unknown collector {name!r}; choose from default, {', '.join(COLLECTORS)}")
+            raise UsageError(f"unknown collector {name!r}; choose from default, {', '.join(available)}")
     if dcgm_compat:
         names.append("dcgm")
     if not names:

@@ -28,16 +28,11 @@ from typing import Any
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from exporters.gpu.collector import GpuCollector, GpuExporterCollector
+from exporters.gpu.collector import GpuExporterCollector
 from exporters.gpu.collectors import COLLECTORS, DEFAULT_COLLECTORS
-from exporters.gpu.collectors.dcgm import DcgmCompatCollector
-from exporters.gpu.collectors.errors import ErrorsCollector
-from exporters.gpu.collectors.memory import MemoryCollector
-from exporters.gpu.collectors.processes import ProcessesCollector
-from exporters.gpu.collectors.utilization import UtilizationCollector
 from exporters.gpu.exposition import text_exposition
 from exporters.gpu.nvml import Nvml
-from exporters.gpu.procinfo import ProcessResolver
+from exporters.gpu.registration import BuildContext, CollectorRegistrations
 from exporters.gpu.sampler import Sampler
 from exporters.gpu.session import Session
 
@@ -63,30 +58,28 @@ class GpuExporter:
         registry: CollectorRegistry | None = None,
         timer: Callable[[], float] = time.perf_counter,
         clock: Callable[[], float] = time.time,
+        available: CollectorRegistrations = COLLECTORS,
     ) -> None:
-        unknown = [c for c in collectors if c not in COLLECTORS]
+        unknown = [c for c in collectors if c not in available]
         if unknown:
-            raise ValueError(f"unknown collectors {unknown}; choose from {', '.join(COLLECTORS)}")
+            raise ValueError(f"unknown collectors {unknown}; choose from {', '.join(available)}")
         self.backend = backend
         self.session = Session(nvml, backend=backend)
         self.sampler = Sampler(
             self.session, interval=sample_interval, window=window, step_bytes=step_bytes, stats_every=stats_every
         )
         self.registry = CollectorRegistry() if registry is None else registry
-        common: dict[str, Any] = {"timer": timer, "clock": clock}
-        special: dict[str, Callable[[], GpuCollector]] = {
-            "utilization": lambda: UtilizationCollector(self.session, sampler=self.sampler, **common),
-            "memory": lambda: MemoryCollector(self.session, sampler=self.sampler, **common),
-            "errors": lambda: ErrorsCollector(self.session, sampler=self.sampler, **common),
-            "processes": lambda: ProcessesCollector(
-                self.session, max_processes=max_processes, resolver=ProcessResolver(proc_root), **common
-            ),
-            "dcgm": lambda: DcgmCompatCollector(self.session, hostname=hostname, **common),
-        }
-        built = [
-            special[name]() if name in special else COLLECTORS[name](self.session, **common)
-            for name in dict.fromkeys(collectors)  # keep order, drop duplicates
-        ]
+        ctx = BuildContext(
+            self.session,
+            self.sampler,
+            max_processes=max_processes,
+            proc_root=proc_root,
+            hostname=hostname,
+            timer=timer,
+            clock=clock,
+        )
+        # Keep the order asked for (it is the order of the families in /metrics); drop duplicates.
+        built = [available.build(name, ctx) for name in dict.fromkeys(collectors)]
         self.collector = GpuExporterCollector(
             self.session, built, sampler=self.sampler, registry=self.registry, timer=timer
         )

@@ -13,6 +13,7 @@ from prometheus_client.core import Metric
 
 from exporters.gpu.allocator import AllocatorReading, allocator_families, reading_from_state
 from exporters.gpu.collector import GpuCollector, Scrape
+from exporters.gpu.registration import BuildContext, register_collector
 
 
 class AllocatorCollector(GpuCollector):
@@ -28,3 +29,10 @@ class AllocatorCollector(GpuCollector):
             if state is not None:
                 readings.append((dev.labels, reading_from_state(state)))
         yield from allocator_families(readings)
+
+
+def _build(ctx: BuildContext) -> AllocatorCollector:
+    return AllocatorCollector(ctx.session, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(AllocatorCollector.name, default=True, factory=_build)

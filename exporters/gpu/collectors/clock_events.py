@@ -8,6 +8,7 @@ from prometheus_client.core import Metric
 
 from exporters.gpu.collector import DEVICE_LABELS, GpuCollector, Scrape, gauge
 from exporters.gpu.nvml import CLOCK_EVENT_REASONS
+from exporters.gpu.registration import BuildContext, register_collector
 
 
 class ClockEventsCollector(GpuCollector):
@@ -35,3 +36,10 @@ class ClockEventsCollector(GpuCollector):
                     continue
                 active.add_metric([*dev.labels, reason], 1.0 if current & bit else 0.0)
         yield active
+
+
+def _build(ctx: BuildContext) -> ClockEventsCollector:
+    return ClockEventsCollector(ctx.session, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(ClockEventsCollector.name, default=True, factory=_build)

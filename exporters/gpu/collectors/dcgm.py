@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporters.gpu.collector import GpuCollector, Scrape
 from exporters.gpu.nvml import MIB
+from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.session import Session
 
 DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname"]
@@ -60,3 +61,10 @@ class DcgmCompatCollector(GpuCollector):
             if hz is not None:
                 sm_clock.add_metric(labels, hz / 1e6)
         yield from (util, fb_used, fb_free, power, temp, sm_clock)
+
+
+def _build(ctx: BuildContext) -> DcgmCompatCollector:
+    return DcgmCompatCollector(ctx.session, hostname=ctx.hostname, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(DcgmCompatCollector.name, default=False, factory=_build)  # --dcgm-compat or --collectors dcgm

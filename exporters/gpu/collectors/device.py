@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from exporters.gpu.collector import PREFIX, GpuCollector, Scrape, gauge
+from exporters.gpu.registration import BuildContext, register_collector
 
 
 class DeviceCollector(GpuCollector):
@@ -42,3 +43,10 @@ class DeviceCollector(GpuCollector):
             up.add_metric(dev.labels, 1.0 if is_up else 0.0)
         yield info
         yield up
+
+
+def _build(ctx: BuildContext) -> DeviceCollector:
+    return DeviceCollector(ctx.session, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(DeviceCollector.name, default=True, factory=_build)

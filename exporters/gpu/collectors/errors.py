@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from exporters.gpu.collector import DEVICE_LABELS, GpuCollector, Scrape, counter, gauge
+from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.sampler import XID_OTHER, Sampler
 from exporters.gpu.session import Session
 
@@ -52,3 +53,10 @@ class ErrorsCollector(GpuCollector):
             if w.xid_last_time is not None:
                 xid_last.add_metric(dev.labels, w.xid_last_time)
         yield from (xid_events, xid_errors, xid_last, ecc, remapped, pending, failed)
+
+
+def _build(ctx: BuildContext) -> ErrorsCollector:
+    return ErrorsCollector(ctx.session, sampler=ctx.sampler, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(ErrorsCollector.name, default=True, factory=_build)

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from exporters.gpu.collector import DEVICE_LABELS, GpuCollector, Scrape, counter, gauge
+from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.sampler import Sampler
 from exporters.gpu.session import Session
 
@@ -64,3 +65,10 @@ class MemoryCollector(GpuCollector):
         yield from (total, used, free, reserved, owners)
         if self._sampler is not None:
             yield from (wmin, wmax, fluct, steps, step_bytes)
+
+
+def _build(ctx: BuildContext) -> MemoryCollector:
+    return MemoryCollector(ctx.session, sampler=ctx.sampler, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(MemoryCollector.name, default=True, factory=_build)

@@ -17,6 +17,7 @@ from prometheus_client.core import Metric
 
 from exporters.gpu.collector import GpuCollector, Scrape, gauge
 from exporters.gpu.nvml import NvmlError
+from exporters.gpu.registration import BuildContext, register_collector
 
 # 8 GPUs x 2 directions read at once; larger nodes take a second round of windows.
 MAX_CONCURRENT_READS = 16
@@ -61,3 +62,10 @@ class PcieCollector(GpuCollector):
                 family.add_metric(dev.labels, got)
         yield tx
         yield rx
+
+
+def _build(ctx: BuildContext) -> PcieCollector:
+    return PcieCollector(ctx.session, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(PcieCollector.name, default=False, factory=_build)  # opt-in: ~20 ms per direction per GPU

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 
 from exporters.gpu.collector import GpuCollector, Scrape, counter, gauge
+from exporters.gpu.registration import BuildContext, register_collector
 
 
 class PowerCollector(GpuCollector):
@@ -35,3 +36,10 @@ class PowerCollector(GpuCollector):
                     family.add_metric(dev.labels, value)
         for family, _ in fields:
             yield family
+
+
+def _build(ctx: BuildContext) -> PowerCollector:
+    return PowerCollector(ctx.session, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(PowerCollector.name, default=True, factory=_build)

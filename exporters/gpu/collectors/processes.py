@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from exporters.gpu.collector import DEVICE_LABELS, GpuCollector, Scrape, gauge
 from exporters.gpu.nvml import ProcessMemory
 from exporters.gpu.procinfo import ProcessResolver
+from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.session import Session
 
 OVERFLOW = "other"
@@ -68,3 +69,16 @@ class ProcessesCollector(GpuCollector):
         self._resolver.prune(live)
         yield count
         yield used
+
+
+def _build(ctx: BuildContext) -> ProcessesCollector:
+    return ProcessesCollector(
+        ctx.session,
+        max_processes=ctx.max_processes,
+        resolver=ProcessResolver(ctx.proc_root),
+        timer=ctx.timer,
+        clock=ctx.clock,
+    )
+
+
+register_collector(ProcessesCollector.name, default=True, factory=_build)

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporters.gpu.collector import GpuCollector, Scrape, gauge
+from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.sampler import Sampler
 from exporters.gpu.session import Session
 
@@ -75,3 +76,10 @@ class UtilizationCollector(GpuCollector):
             yield period
             yield interval
             yield count
+
+
+def _build(ctx: BuildContext) -> UtilizationCollector:
+    return UtilizationCollector(ctx.session, sampler=ctx.sampler, timer=ctx.timer, clock=ctx.clock)
+
+
+register_collector(UtilizationCollector.name, default=True, factory=_build)
