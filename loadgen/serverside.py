@@ -7,19 +7,15 @@ Prometheus only knows what it has scraped: the last seconds of the last stage ma
 
 Usage::
 
-    figures = stage_figures("http://127.0.0.1:9090", start=t0, end=t1)
+    figures = figures_for_stages("http://127.0.0.1:9090", [("c1", t0, t1)])["c1"]
     figures["peak_vram_gib"], figures["queries"]["peak_vram_gib"]
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any
+
+from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
 
 GIB = 1024**3
 
@@ -57,25 +53,7 @@ QUERIES: dict[str, tuple[str, ...]] = {
 }
 
 
-def query(base_url: str, promql: str, at: float, timeout: float = 5.0) -> float | None:
-    """One instant query; the single sample's value, or None when the result is empty or not a number."""
-    url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"})
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        doc = json.loads(response.read())
-    if doc.get("status") != "success":
-        raise ValueError(doc.get("error", "query failed"))
-    data = doc.get("data", {})
-    result = data.get("result")
-    if data.get("resultType") == "scalar":
-        value = float(result[1])
-    elif isinstance(result, list) and result:
-        value = float(result[0]["value"][1])
-    else:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def stage_figures(base_url: str, *, start: float, end: float, timeout: float = 5.0) -> dict[str, Any]:
+def stage_figures(client: PrometheusClient, *, start: float, end: float) -> dict[str, Any]:
     seconds = max(1, round(end - start))
     out: dict[str, Any] = {"window_seconds": seconds, "queries": {}, "errors": []}
     for name, candidates in QUERIES.items():
@@ -83,8 +61,8 @@ def stage_figures(base_url: str, *, start: float, end: float, timeout: float = 5
         for template in candidates:
             promql = template.replace("{range}", f"{seconds}s").replace("{seconds}", str(seconds))
             try:
-                value = query(base_url, promql, end, timeout)
-            except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as err:
+                value = client.value_at(promql, end)
+            except (PrometheusUnreachable, QueryError) as err:
                 out["errors"].append(f"{name}: {err}")
                 break  # Prometheus itself is failing; the next candidate would fail the same way
             if value is not None:
@@ -94,10 +72,13 @@ def stage_figures(base_url: str, *, start: float, end: float, timeout: float = 5
     return out
 
 
-def figures_for_stages(base_url: str, windows: list[tuple[str, float, float]]) -> dict[str, dict[str, Any]]:
+def figures_for_stages(
+    base_url: str, windows: list[tuple[str, float, float]], timeout: float = 5.0
+) -> dict[str, dict[str, Any]]:
     """Figures for each (stage, start, end); one probe first so an unreachable Prometheus costs one timeout."""
+    client = PrometheusClient(base_url, timeout=timeout)
     try:
-        query(base_url, "vector(1)", time.time())
-    except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as err:
+        client.check(timeout=timeout)
+    except PrometheusUnreachable as err:
         return {name: {"errors": [f"Prometheus {base_url} unreachable: {err}"]} for name, _, _ in windows}
-    return {name: stage_figures(base_url, start=start, end=end) for name, start, end in windows}
+    return {name: stage_figures(client, start=start, end=end) for name, start, end in windows}

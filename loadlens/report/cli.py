@@ -14,8 +14,8 @@ from loadlens.util.cliutil import UsageError, env_arg
 if TYPE_CHECKING:
     from loadlens.contracts.slo import SLOConfig
     from loadlens.dashboards.model import Dashboard
-    from loadlens.report.queries import PrometheusClient
     from loadlens.report.results import Results
+    from loadlens.util.prometheus import PrometheusClient
 
 ENV = "LOADLENS_REPORT_"
 DEFAULT_PROMETHEUS = "http://127.0.0.1:19090"  # the local stack's Prometheus (loadlens/contracts/ports.py)
@@ -71,8 +71,9 @@ def _window(args: argparse.Namespace, results_start: float | None, results_end: 
 def run(args: argparse.Namespace) -> int:
     from loadlens.contracts.slo import SLOConfigError, load_slos
     from loadlens.dashboards.catalog import dashboards
-    from loadlens.report.queries import PrometheusClient, PrometheusUnreachable, parse_duration
+    from loadlens.report.queries import parse_duration
     from loadlens.report.results import ResultsError, load_results
+    from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
 
     results: Results | None = None
     if args.results is not None:

@@ -1,18 +1,14 @@
 """What the report asks Prometheus: the dashboards' own panel queries, made concrete for one test window.
 
-Pure helpers (time parsing, variable substitution, legends, stage bands) plus a small ``query_range``
-client on urllib. Grafana's ``$__rate_interval`` becomes a fixed window (default ``30s``) and every
-multi-value template variable becomes ``.*`` (Grafana's "All").
+Pure helpers (time parsing, variable substitution, legends, stage bands) and :func:`collect`, which asks
+through the one Prometheus client (``loadlens.util.prometheus``). Grafana's ``$__rate_interval`` becomes a
+fixed window (default ``30s``) and every multi-value template variable becomes ``.*`` (Grafana's "All").
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,20 +16,13 @@ from typing import Any
 
 from loadlens.contracts.slo import SLOConfig
 from loadlens.dashboards.model import RATE_INTERVAL, Dashboard, Panel
+from loadlens.util.prometheus import PrometheusClient, QueryError
 
 TEMPLATE_VARIABLES = ("$model", "$instance", "$gpu", "$stage")
 MAX_POINTS = 400
 _DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h)$")
 _SLO_NAME = re.compile(r'slo="([a-z_]+)"')
 _LEGEND_LABEL = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
-
-
-class PrometheusUnreachable(RuntimeError):
-    """Prometheus did not answer at all (connection refused, DNS, timeout, not an API)."""
-
-
-class QueryError(RuntimeError):
-    """Prometheus answered but refused one query (bad PromQL, too many points)."""
 
 
 def parse_time(text: str) -> float:
@@ -172,47 +161,6 @@ def stages_from_series(series: Iterable[Series]) -> list[Stage]:
         if run_start is not None:
             stages.append(Stage(s.name, run_start, last))
     return sorted(stages, key=lambda st: st.start)
-
-
-class PrometheusClient:
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def _get(self, path: str, params: Mapping[str, str], timeout: float) -> Any:
-        query = urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=timeout) as resp:
-                body = resp.read()
-        except urllib.error.HTTPError as err:
-            try:
-                doc = json.loads(err.read())
-            except ValueError:
-                raise QueryError(f"HTTP {err.code}") from None
-            raise QueryError(str(doc.get("error", f"HTTP {err.code}"))) from None
-        except (urllib.error.URLError, OSError, TimeoutError) as err:
-            reason = getattr(err, "reason", err)
-            raise PrometheusUnreachable(f"cannot reach Prometheus at {self.url}: {reason}") from None
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise PrometheusUnreachable(f"{self.url} did not answer like a Prometheus API (not JSON)") from None
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            raise QueryError(str(doc.get("error", doc) if isinstance(doc, dict) else doc))
-        return doc["data"]
-
-    def check(self) -> None:
-        """Fail fast (3 s) when nothing Prometheus-like answers at the URL."""
-        try:
-            self._get("query", {"query": "1"}, timeout=3.0)
-        except QueryError as err:
-            raise PrometheusUnreachable(f"{self.url} did not answer like a Prometheus API: {err}") from None
-
-    def query_range(self, expr: str, start: float, end: float, step: int) -> list[dict[str, Any]]:
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step)}
-        data = self._get("query_range", params, self.timeout)
-        result: list[dict[str, Any]] = data.get("result", [])
-        return result
 
 
 def collect(

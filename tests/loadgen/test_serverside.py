@@ -69,8 +69,8 @@ def test_figures_per_stage_with_fallbacks(prom: tuple[str, list[dict[str, str]]]
 def test_unreachable_prometheus_is_reported_not_raised() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     out = figures_for_stages(url, [("a", 0.0, 1.0), ("b", 1.0, 2.0)])
-    assert set(out) == {"a", "b"}
-    assert "unreachable" in out["a"]["errors"][0]
+    reason = f"Prometheus {url} unreachable: cannot reach Prometheus at {url}: [Errno 111] Connection refused"
+    assert out == {"a": {"errors": [reason]}, "b": {"errors": [reason]}}
 
 
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:

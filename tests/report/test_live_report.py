@@ -14,8 +14,9 @@ import pytest
 from loadlens.cli import main
 from loadlens.dashboards.catalog import dashboards
 from loadlens.report.html import table_cells
-from loadlens.report.queries import PrometheusClient, collect
+from loadlens.report.queries import collect
 from loadlens.report.results import load_results
+from loadlens.util.prometheus import PrometheusClient
 from tests.support.live import LiveRun
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
