@@ -79,7 +79,7 @@ def text_exposition(families: Iterable[Metric]) -> bytes:
         kind = _TYPE_RENAMES.get(kind, kind)
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
-        if isinstance(family, RowGauge | RowCounter) and not family.__dict__.get("_extra_samples"):
+        if isinstance(family, RowGauge | RowCounter) and not family.extra_samples:
             _rows(out, family.sample_name, family.label_names, family.rows)
             continue
         # Families built with add_metric share one label-name tuple; one template serves every sample whose

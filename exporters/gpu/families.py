@@ -8,22 +8,71 @@ gets ordinary ``Sample`` objects built on demand, so these are drop-in ``*Metric
     g = RowGauge("loadlens_gpu_power_watts", "Power draw.", ["gpu", "uuid", "model"])
     g.add_metric(["0", "GPU-...", "NVIDIA H100"], 412.5)
     g.samples    # [Sample(name='loadlens_gpu_power_watts', labels={...}, value=412.5, ...)]
+
+What this relies on in prometheus_client, beyond its documented API (``tests/gpu/test_gpu_families.py``
+checks each point against the installed version, and that it lies in :data:`VERIFIED_PROMETHEUS_CLIENT`):
+
+- ``Metric.__init__`` may assign ``self.samples``; a property on the subclass takes that assignment (the
+  setter below), so it does not matter whether it does.
+- Encoders and the registry read ``metric.samples`` as an attribute and never append to the list they get.
+  ``Metric.add_sample`` would (it is internal to prometheus_client); here it raises instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.samples import Exemplar, Sample, Timestamp
 
 Row = tuple[Sequence[str], float]
 
+# [low, high) of prometheus_client (major, minor) versions the points above were verified against (0.20.0 and
+# 0.26.0); widen it after running tests/gpu/test_gpu_families.py on a new release.
+VERIFIED_PROMETHEUS_CLIENT: tuple[tuple[int, int], tuple[int, int]] = ((0, 20), (0, 27))
 
-class RowGauge(GaugeMetricFamily):
+
+class _RowSamples:
+    """``rows`` and ``samples`` for the row families; the subclass supplies ``sample_name``."""
+
+    rows: list[Row]
+    label_names: tuple[str, ...]
+
+    def _init_rows(self, labels: Sequence[str]) -> None:
+        self.rows = []
+        self.label_names = tuple(labels)
+
+    @property
+    def sample_name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def extra_samples(self) -> list[Sample]:
+        """``Sample`` objects assigned to ``.samples``; they come ahead of the rows."""
+        extra: list[Sample] = self.__dict__.get("_extra_samples", [])
+        return extra
+
+    @property
+    def samples(self) -> list[Sample]:
+        names, name = self.label_names, self.sample_name
+        built = [Sample(name, dict(zip(names, lv, strict=True)), v) for lv, v in self.rows]
+        return self.extra_samples + built
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        # Metric.__init__ assigns an empty list; anything else assigned is kept ahead of the rows.
+        self.__dict__["_extra_samples"] = value
+
+    def add_sample(self, *args: Any, **kwargs: Any) -> None:
+        # Metric.add_sample (internal to prometheus_client) appends to self.samples, which here is a fresh
+        # list on every read: the sample would vanish without a word.
+        raise TypeError(f"{type(self).__name__} takes add_metric rows, not add_sample")
+
+
+class RowGauge(_RowSamples, GaugeMetricFamily):
     def __init__(self, name: str, documentation: str, labels: Sequence[str], unit: str = "") -> None:
-        self.rows: list[Row] = []
-        self.label_names: tuple[str, ...] = tuple(labels)
+        self._init_rows(labels)
         super().__init__(name, documentation, labels=labels, unit=unit)
 
     @property
@@ -35,22 +84,10 @@ class RowGauge(GaugeMetricFamily):
             raise ValueError("RowGauge does not support timestamps")
         self.rows.append((labels, value))
 
-    @property
-    def samples(self) -> list[Sample]:
-        built = [Sample(self.sample_name, dict(zip(self.label_names, lv, strict=True)), v) for lv, v in self.rows]
-        extra: list[Sample] = self.__dict__.get("_extra_samples", [])
-        return extra + built
 
-    @samples.setter
-    def samples(self, value: list[Sample]) -> None:
-        # Metric.__init__ assigns an empty list; anything else assigned is kept ahead of the rows.
-        self.__dict__["_extra_samples"] = value
-
-
-class RowCounter(CounterMetricFamily):
+class RowCounter(_RowSamples, CounterMetricFamily):
     def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
-        self.rows: list[Row] = []
-        self.label_names: tuple[str, ...] = tuple(labels)
+        self._init_rows(labels)
         super().__init__(name, documentation, labels=labels)
 
     @property
@@ -68,13 +105,3 @@ class RowCounter(CounterMetricFamily):
         if created is not None or timestamp is not None or exemplar is not None:
             raise ValueError("RowCounter does not support created, timestamps or exemplars")
         self.rows.append((labels, value))
-
-    @property
-    def samples(self) -> list[Sample]:
-        built = [Sample(self.sample_name, dict(zip(self.label_names, lv, strict=True)), v) for lv, v in self.rows]
-        extra: list[Sample] = self.__dict__.get("_extra_samples", [])
-        return extra + built
-
-    @samples.setter
-    def samples(self, value: list[Sample]) -> None:
-        self.__dict__["_extra_samples"] = value
