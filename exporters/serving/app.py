@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,7 +23,6 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
 
 from exporters.serving.adapters import AdapterRegistry, resolve_adapter_path
 from exporters.serving.engine import (
@@ -33,13 +31,11 @@ from exporters.serving.engine import (
     EngineError,
     ErrorKind,
     GenerationRequest,
-    RequestStream,
 )
-from exporters.serving.errors import engine_error_response, engine_error_status, error_response, sse_error_event
+from exporters.serving.errors import INVALID_REQUEST, UNAUTHORIZED, engine_error_reason, engine_error_response
 from exporters.serving.lifecycle import RequestLifecycle
 from exporters.serving.metrics import OVERFLOW_MODEL, ServingMetrics
 from exporters.serving.protocol import (
-    ParsedRequest,
     RequestError,
     parse_json_body,
     parse_load_adapter,
@@ -47,23 +43,15 @@ from exporters.serving.protocol import (
     parse_unload_adapter,
 )
 from exporters.serving.request_log import LogFormat, RequestLogger
-from exporters.serving.responses import DONE, ChunkWriter, full_response
+from exporters.serving.streaming import GenerationResponse
 from exporters.serving.tracing import Tracing, extract_context, parse_traceparent
 from loadlens import __version__
 from loadlens.contracts.slo import SLOConfig, load_slos
 from loadlens.util.exposition import render as render_exposition
+from loadlens.util.openai_errors import error_response
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Image data URLs make bodies large; beyond this a request is refused with 413 before parsing."""
-
-_REJECT_REASON = {
-    ErrorKind.INVALID_REQUEST: "invalid_request",
-    ErrorKind.NOT_FOUND: "unknown_model",
-    ErrorKind.QUEUE_FULL: "queue_full",
-    ErrorKind.UNAVAILABLE: "unavailable",
-    ErrorKind.UPSTREAM: "upstream_error",
-    ErrorKind.INTERNAL: "internal",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +98,12 @@ def _check_admin(state: ServingState, request: Request) -> Response | None:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return error_response(401, "missing or invalid admin bearer token", headers={"WWW-Authenticate": "Bearer"})
+        # Admin calls name no served model: counted under the base model, which the server runs.
+        model = state.base_model if state.base_model in state.served else OVERFLOW_MODEL
+        state.metrics.rejections.labels(state.metrics.model_label(model), UNAUTHORIZED.reason).inc()
+        return error_response(
+            UNAUTHORIZED.status, "missing or invalid admin bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
     return None
 
 
@@ -126,184 +119,6 @@ async def _read_json(request: Request) -> dict[str, Any]:
 
 class _TooLarge(Exception):
     pass
-
-
-class GenerationResponse(Response):
-    """Runs one admitted request to completion, streaming (SSE) or not, and aborts it if the client leaves.
-
-    A watcher task waits for ``http.disconnect`` and cancels the producing task; the producer then aborts
-    the request in the engine (freeing its slot and KV blocks) and records it as a client abort (499).
-    """
-
-    def __init__(
-        self, state: ServingState, life: RequestLifecycle, stream: RequestStream, parsed: ParsedRequest, model: str
-    ) -> None:
-        self.state = state
-        self.life = life
-        self.engine_stream = stream
-        self.parsed = parsed
-        self.model = model
-        self.background = None
-        self._finished_producing = False
-        self._client_gone = False
-        self.status_code = 200
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        producer = asyncio.current_task()
-        assert producer is not None
-
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    if not self._finished_producing:
-                        self._client_gone = True
-                        producer.cancel()
-                    return
-
-        watcher = asyncio.create_task(watch())
-        try:
-            if self.parsed.stream:
-                await self._stream(send)
-            else:
-                await self._whole(send)
-        except asyncio.CancelledError:
-            if not self._client_gone:
-                raise
-            producer.uncancel()
-            await self.engine_stream.aclose()
-            self.life.finish_abort("client_disconnect", self.engine_stream.timing)
-        finally:
-            watcher.cancel()
-            if not self.life.done:
-                # Server shutdown or an unexpected exception: never leave the engine slot held.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.engine_stream.aclose())
-                self.life.finish_abort("shutdown", self.engine_stream.timing)
-
-    async def _stream(self, send: Send) -> None:
-        p = self.parsed
-        life = self.life
-        writer = ChunkWriter(p.endpoint, self._response_id(), self.model, int(time.time()), p.continuous_usage_stats)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-request-id", life.request_id.encode()),
-                ],
-            }
-        )
-        sent_role = p.endpoint != "chat"
-        saw_wire = False
-        finish_reason: str | None = None
-        cached = 0
-        try:
-            async for ev in self.engine_stream:
-                now = time.monotonic()
-                life.on_event(now, ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
-                if ev.finish_reason is not None:
-                    finish_reason = ev.finish_reason.value
-                cached = ev.cached_tokens or cached
-                if (
-                    ev.wire_chunk is None
-                    and ev.new_tokens == 0
-                    and not ev.text
-                    and ev.finish_reason is None
-                    and ev.role is None
-                ):
-                    continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
-                if ev.wire_chunk is not None:
-                    saw_wire = True
-                    body = b"data: " + ev.wire_chunk + b"\n\n"
-                elif ev.role is not None:
-                    continue  # the role chunk is sent with the first content below, as vLLM does
-                else:
-                    body = writer.content(
-                        ev.text,
-                        ev.prompt_tokens,
-                        ev.output_tokens,
-                        ev.finish_reason.value if ev.finish_reason is not None else None,
-                        ev.stop_reason,
-                    )
-                    if not sent_role:
-                        body = writer.role(ev.prompt_tokens) + body
-                        sent_role = True
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-        except EngineError as err:
-            self._finished_producing = True
-            status = engine_error_status(err)
-            # Recorded before the last bytes go out: whoever has the response also sees it counted.
-            life.finish_error(status, _REJECT_REASON.get(err.kind, "internal"), err.message, self.engine_stream.timing)
-            await send({"type": "http.response.body", "body": sse_error_event(status, err.message), "more_body": True})
-            await send({"type": "http.response.body", "body": DONE, "more_body": False})
-            return
-        tail = DONE
-        if p.include_usage and not saw_wire:
-            tail = writer.usage(life.prompt_tokens, life.output_tokens, cached) + DONE
-        self._finished_producing = True
-        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
-
-    async def _whole(self, send: Send) -> None:
-        life = self.life
-        parts: list[str] = []
-        finish_reason: str | None = None
-        stop_reason: str | None = None
-        cached = 0
-        try:
-            async for ev in self.engine_stream:
-                life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
-                if ev.text:
-                    parts.append(ev.text)
-                if ev.finish_reason is not None:
-                    finish_reason, stop_reason = ev.finish_reason.value, ev.stop_reason
-                cached = ev.cached_tokens or cached
-        except EngineError as err:
-            self._finished_producing = True
-            response = engine_error_response(err)
-            life.finish_error(
-                response.status_code, _REJECT_REASON.get(err.kind, "internal"), err.message, self.engine_stream.timing
-            )
-            await response({"type": "http"}, _no_receive, send)
-            return
-        body = full_response(
-            self.parsed.endpoint,
-            self._response_id(),
-            self.model,
-            int(time.time()),
-            "".join(parts),
-            finish_reason,
-            stop_reason,
-            life.prompt_tokens,
-            life.output_tokens,
-            cached,
-        )
-        payload = json.dumps(body).encode()
-        self._finished_producing = True
-        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"x-request-id", life.request_id.encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
-
-    def _response_id(self) -> str:
-        prefix = "chatcmpl-" if self.parsed.endpoint == "chat" else "cmpl-"
-        return prefix + self.life.request_id
-
-
-async def _no_receive() -> dict[str, Any]:
-    return {"type": "http.disconnect"}
 
 
 async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -> Response:
@@ -338,13 +153,13 @@ async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -
         parsed = parse_request(endpoint, body)
     except _TooLarge:
         life = early_life(state.base_model, 0, False)
-        life.reject(413, "invalid_request", f"request body larger than {MAX_BODY_BYTES} bytes")
+        life.reject(413, INVALID_REQUEST.reason, f"request body larger than {MAX_BODY_BYTES} bytes")
         return error_response(413, f"request body larger than {MAX_BODY_BYTES} bytes")
     except RequestError as err:
         life = early_life(state.base_model, 0, False)
         life.cls = default_class
-        life.reject(400, "invalid_request", err.message)
-        return error_response(400, err.message, err.param)
+        life.reject(INVALID_REQUEST.status, INVALID_REQUEST.reason, err.message)
+        return error_response(INVALID_REQUEST.status, err.message, err.param)
 
     model = parsed.model or state.base_model
     life = early_life(model, parsed.priority, parsed.stream)
@@ -368,10 +183,10 @@ async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -
         stream = await state.engine.generate(gen)
     except EngineError as err:
         response = engine_error_response(err)
-        life.reject(response.status_code, _REJECT_REASON.get(err.kind, "internal"), err.message)
+        life.reject(response.status_code, engine_error_reason(err), err.message)
         return response
     life.admit()
-    return GenerationResponse(state, life, stream, parsed, model)
+    return GenerationResponse(life, stream, parsed, model)
 
 
 @contextlib.asynccontextmanager
@@ -475,7 +290,7 @@ def create_app(
         except _TooLarge:
             return error_response(413, "request body too large")
         except RequestError as err:
-            return error_response(400, err.message, err.param)
+            return error_response(INVALID_REQUEST.status, err.message, err.param)
         except EngineError as err:
             return engine_error_response(err)
 

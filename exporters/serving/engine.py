@@ -36,14 +36,15 @@ class FinishReason(enum.StrEnum):
 
 
 class ErrorKind(enum.StrEnum):
-    """Why an engine refused or failed a request; each maps to one HTTP status (see openai_errors)."""
+    """Why an engine refused or failed a request. Its HTTP status and metrics reason are in one table,
+    ``exporters.serving.errors.REFUSALS``."""
 
-    INVALID_REQUEST = "invalid_request"  # 400
-    NOT_FOUND = "not_found"  # 404: unknown model or adapter
-    QUEUE_FULL = "queue_full"  # 429
-    UNAVAILABLE = "unavailable"  # 503: engine not ready, upstream unreachable
-    UPSTREAM = "upstream"  # status forwarded verbatim from a proxied server
-    INTERNAL = "internal"  # 500: a bug or engine crash
+    INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"  # unknown model or adapter
+    QUEUE_FULL = "queue_full"
+    UNAVAILABLE = "unavailable"  # engine not ready, upstream unreachable
+    UPSTREAM = "upstream"  # the proxied server's status is forwarded
+    INTERNAL = "internal"  # a bug or engine crash
 
 
 class EngineError(Exception):

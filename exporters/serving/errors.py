@@ -1,63 +1,56 @@
-"""OpenAI-style error responses with the status codes vLLM's server uses.
+"""How the serving layer refuses and fails requests: the one table from a refusal to its HTTP status and its
+metrics/span reason, and the responses built from it.
 
-Body shape (vLLM 0.33 ``ErrorResponse``)::
-
-    {"error": {"message": "...", "type": "BadRequestError", "param": "max_tokens", "code": 400}}
+The OpenAI error body itself (``type`` by status) lives in :mod:`loadlens.util.openai_errors`, shared with
+the pager.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
 from starlette.responses import Response
 
 from exporters.serving.engine import EngineError, ErrorKind
-
-_TYPE_BY_STATUS = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    403: "PermissionDeniedError",
-    404: "NotFoundError",
-    405: "MethodNotAllowedError",
-    413: "RequestTooLargeError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    502: "BadGatewayError",
-    503: "ServiceUnavailableError",
-    504: "GatewayTimeoutError",
-}
-
-STATUS_BY_KIND = {
-    ErrorKind.INVALID_REQUEST: 400,
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.QUEUE_FULL: 429,
-    ErrorKind.UNAVAILABLE: 503,
-    ErrorKind.INTERNAL: 500,
-}
+from loadlens.util.openai_errors import error_body, error_response
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = _TYPE_BY_STATUS.get(status, "BadRequestError" if status < 500 else "InternalServerError")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str
+    """Label value of ``loadlens_request_rejections_total{reason}``; also ``error_type`` and span ``error.type``."""
+    status: int
+    """HTTP status. For ``ErrorKind.UPSTREAM`` only the fallback: the upstream's own status wins."""
+    kind: ErrorKind | None
+    """The engine error kind it stands for; None for refusals the HTTP layer makes itself."""
 
 
-def error_response(
-    status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None
-) -> Response:
-    return Response(
-        json.dumps(error_body(status, message, param)),
-        status_code=status,
-        media_type="application/json",
-        headers=dict(headers or {}),
-    )
+# The only place a refusal gets its status and reason. Order is the series' seeding order (metrics.py).
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal("invalid_request", 400, ErrorKind.INVALID_REQUEST),
+    Refusal("unknown_model", 404, ErrorKind.NOT_FOUND),
+    Refusal("queue_full", 429, ErrorKind.QUEUE_FULL),
+    Refusal("unavailable", 503, ErrorKind.UNAVAILABLE),
+    Refusal("unauthorized", 401, None),  # admin endpoint without the right bearer token
+    Refusal("upstream_error", 500, ErrorKind.UPSTREAM),
+    Refusal("internal", 500, ErrorKind.INTERNAL),
+)
+BY_KIND: Mapping[ErrorKind, Refusal] = {r.kind: r for r in REFUSALS if r.kind is not None}
+INVALID_REQUEST = BY_KIND[ErrorKind.INVALID_REQUEST]
+UNAUTHORIZED = next(r for r in REFUSALS if r.reason == "unauthorized")
+REJECT_REASONS: tuple[str, ...] = tuple(r.reason for r in REFUSALS)
 
 
 def engine_error_status(err: EngineError) -> int:
     if err.kind is ErrorKind.UPSTREAM and err.status is not None:
         return err.status
-    return STATUS_BY_KIND.get(err.kind, 500)
+    return BY_KIND[err.kind].status
+
+
+def engine_error_reason(err: EngineError) -> str:
+    return BY_KIND[err.kind].reason
 
 
 def engine_error_response(err: EngineError) -> Response:

@@ -13,21 +13,13 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from exporters.serving.errors import REJECT_REASONS
 from loadlens.contracts import buckets
 from loadlens.contracts.slo import SLOConfig
 
 MAX_MODEL_LABELS = 64
 OVERFLOW_MODEL = "other"
 
-REJECT_REASONS = (
-    "invalid_request",
-    "unknown_model",
-    "queue_full",
-    "unavailable",
-    "unauthorized",
-    "upstream_error",
-    "internal",
-)
 ABORT_REASONS = ("client_disconnect", "engine_error", "shutdown")
 SLO_NAMES = ("ttft", "itl", "e2e")
 

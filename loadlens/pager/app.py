@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
-from exporters.serving.errors import error_response
 from loadlens.pager.payload import WebhookPayload
 from loadlens.util.exposition import render as render_exposition
+from loadlens.util.openai_errors import error_response
 
 MAX_KEPT = 10_000
 """Notifications kept in memory for GET /pages; the JSONL log keeps everything."""

@@ -225,6 +225,19 @@ def test_admin_requires_token(served: Served) -> None:
     assert httpx.post(served.url + "/v1/load_lora_adapter", json={}).status_code == 401
 
 
+def test_refused_admin_calls_count_as_unauthorized_rejections(served: Served) -> None:
+    unauthorized = {"model_name": "scripted", "reason": "unauthorized"}
+    assert served.sample("loadlens_request_rejections_total", unauthorized) == 0
+    assert httpx.get(served.url + "/admin/knobs").status_code == 401
+    assert httpx.get(served.url + "/admin/knobs", headers={"Authorization": "Basic s3cret"}).status_code == 401
+    assert httpx.post(served.url + "/v1/unload_lora_adapter", json={"lora_name": "a1"}).status_code == 401
+    assert httpx.get(served.url + "/admin/knobs", headers=ADMIN).status_code == 200
+    assert served.sample("loadlens_request_rejections_total", unauthorized) == 3
+    # Not generation requests: the per-status request series stays untouched.
+    code = {"model_name": "scripted", "priority_class": "interactive", "code": "401"}
+    assert served.sample("loadlens_requests_total", code) is None
+
+
 def test_lora_load_confined_to_root_and_served(served: Served, lora_root: Path) -> None:
     (lora_root.parent / "outside").mkdir()
     (lora_root / "escape").symlink_to(lora_root.parent / "outside")

@@ -1,0 +1,193 @@
+"""One admitted generation request on the wire: streamed as SSE or returned whole, aborted in the engine
+when the client goes away. The routes (app.py) hand every admitted request to :class:`GenerationResponse`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from exporters.serving.engine import EngineError, RequestStream
+from exporters.serving.errors import engine_error_reason, engine_error_response, engine_error_status, sse_error_event
+from exporters.serving.lifecycle import RequestLifecycle
+from exporters.serving.protocol import ParsedRequest
+from exporters.serving.responses import DONE, ChunkWriter, full_response
+
+
+class GenerationResponse(Response):
+    """Runs one admitted request to completion, streaming (SSE) or not, and aborts it if the client leaves.
+
+    A watcher task waits for ``http.disconnect`` and cancels the producing task; the producer then aborts
+    the request in the engine (freeing its slot and KV blocks) and records it as a client abort (499).
+    """
+
+    def __init__(self, life: RequestLifecycle, stream: RequestStream, parsed: ParsedRequest, model: str) -> None:
+        self.life = life
+        self.engine_stream = stream
+        self.parsed = parsed
+        self.model = model
+        self.background = None
+        self._finished_producing = False
+        self._client_gone = False
+        self.status_code = 200
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        producer = asyncio.current_task()
+        assert producer is not None
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if not self._finished_producing:
+                        self._client_gone = True
+                        producer.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        try:
+            if self.parsed.stream:
+                await self._stream(send)
+            else:
+                await self._whole(send)
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+            producer.uncancel()
+            await self.engine_stream.aclose()
+            self.life.finish_abort("client_disconnect", self.engine_stream.timing)
+        finally:
+            watcher.cancel()
+            if not self.life.done:
+                # Server shutdown or an unexpected exception: never leave the engine slot held.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.engine_stream.aclose())
+                self.life.finish_abort("shutdown", self.engine_stream.timing)
+
+    async def _stream(self, send: Send) -> None:
+        p = self.parsed
+        life = self.life
+        writer = ChunkWriter(p.endpoint, self._response_id(), self.model, int(time.time()), p.continuous_usage_stats)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-request-id", life.request_id.encode()),
+                ],
+            }
+        )
+        sent_role = p.endpoint != "chat"
+        saw_wire = False
+        finish_reason: str | None = None
+        cached = 0
+        try:
+            async for ev in self.engine_stream:
+                now = time.monotonic()
+                life.on_event(now, ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
+                if ev.finish_reason is not None:
+                    finish_reason = ev.finish_reason.value
+                cached = ev.cached_tokens or cached
+                if (
+                    ev.wire_chunk is None
+                    and ev.new_tokens == 0
+                    and not ev.text
+                    and ev.finish_reason is None
+                    and ev.role is None
+                ):
+                    continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
+                if ev.wire_chunk is not None:
+                    saw_wire = True
+                    body = b"data: " + ev.wire_chunk + b"\n\n"
+                elif ev.role is not None:
+                    continue  # the role chunk is sent with the first content below, as vLLM does
+                else:
+                    body = writer.content(
+                        ev.text,
+                        ev.prompt_tokens,
+                        ev.output_tokens,
+                        ev.finish_reason.value if ev.finish_reason is not None else None,
+                        ev.stop_reason,
+                    )
+                    if not sent_role:
+                        body = writer.role(ev.prompt_tokens) + body
+                        sent_role = True
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        except EngineError as err:
+            self._finished_producing = True
+            status = engine_error_status(err)
+            # Recorded before the last bytes go out: whoever has the response also sees it counted.
+            life.finish_error(status, engine_error_reason(err), err.message, self.engine_stream.timing)
+            await send({"type": "http.response.body", "body": sse_error_event(status, err.message), "more_body": True})
+            await send({"type": "http.response.body", "body": DONE, "more_body": False})
+            return
+        tail = DONE
+        if p.include_usage and not saw_wire:
+            tail = writer.usage(life.prompt_tokens, life.output_tokens, cached) + DONE
+        self._finished_producing = True
+        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _whole(self, send: Send) -> None:
+        life = self.life
+        parts: list[str] = []
+        finish_reason: str | None = None
+        stop_reason: str | None = None
+        cached = 0
+        try:
+            async for ev in self.engine_stream:
+                life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
+                if ev.text:
+                    parts.append(ev.text)
+                if ev.finish_reason is not None:
+                    finish_reason, stop_reason = ev.finish_reason.value, ev.stop_reason
+                cached = ev.cached_tokens or cached
+        except EngineError as err:
+            self._finished_producing = True
+            response = engine_error_response(err)
+            life.finish_error(response.status_code, engine_error_reason(err), err.message, self.engine_stream.timing)
+            await response({"type": "http"}, _no_receive, send)
+            return
+        body = full_response(
+            self.parsed.endpoint,
+            self._response_id(),
+            self.model,
+            int(time.time()),
+            "".join(parts),
+            finish_reason,
+            stop_reason,
+            life.prompt_tokens,
+            life.output_tokens,
+            cached,
+        )
+        payload = json.dumps(body).encode()
+        self._finished_producing = True
+        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"x-request-id", life.request_id.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+    def _response_id(self) -> str:
+        prefix = "chatcmpl-" if self.parsed.endpoint == "chat" else "cmpl-"
+        return prefix + self.life.request_id
+
+
+async def _no_receive() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
