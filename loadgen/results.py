@@ -23,11 +23,11 @@ from typing import Any
 
 from loadgen.profile import Profile, Stage
 from loadgen.store import Series, Store
+from loadlens.contracts.results import RESULT_FILE, SCHEMA, SCHEMA_VERSION, BenchmarkResult
 from loadlens.contracts.slo import SLOConfig
 
-SCHEMA = "loadlens.benchmark_result"
-SCHEMA_VERSION = 1
-RESULT_FILE = "benchmark_result.json"
+__all__ = ["RESULT_FILE", "StageWindow", "build_result", "write_result"]
+
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 LATENCIES: tuple[tuple[str, str], ...] = (
@@ -241,7 +241,7 @@ def build_result(
         for s in stages_out
         if not s["warmup"]
     ]
-    return {
+    doc = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "run": dict(run),
@@ -284,6 +284,9 @@ def build_result(
         "overall": overall,
         "summary_table": table,
     }
+    # The typed model is the schema: a key written here but not declared there (and documented) fails fast.
+    BenchmarkResult.model_validate(doc)
+    return doc
 
 
 def write_result(directory: Path, doc: Mapping[str, Any]) -> Path:

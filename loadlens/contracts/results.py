@@ -1,0 +1,275 @@
+"""``benchmark_result.json`` as typed models: the load generator validates what it writes against them, the
+report (and any later reader) parses with them. docs/loadgen.md says what every key means.
+
+Every figure is optional here: a reader gets ``None`` for a figure a document lacks (an older or partial
+file) instead of a fake 0, and the writer always sets them all. Unknown keys are refused, so a writer that
+adds a key without adding it here (and to the docs) fails its tests. ``schema_version`` changes when a key's
+meaning changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA = "loadlens.benchmark_result"
+SCHEMA_VERSION = 1
+RESULT_FILE = "benchmark_result.json"
+
+Ms = float | None  # milliseconds; None where there were no samples
+Count = int | None
+Rate = float | None  # per second over the slice's duration
+
+
+class ResultsError(ValueError):
+    """The document is not a loadlens benchmark result of this schema (the message names the key)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Figures(_Model):
+    """The figures of one slice (a stage, a class, a model, the whole run); vLLM's bench keys where they mean
+    the same."""
+
+    completed: Count = None
+    failed: Count = None
+    cancelled: Count = None
+    outcomes: dict[str, int] = Field(default_factory=dict)
+    failure_reasons: dict[str, int] = Field(default_factory=dict)
+    duration: float | None = None
+    total_input_tokens: Count = None
+    total_output_tokens: Count = None
+    request_throughput: Rate = None
+    request_goodput: Rate = None
+    goodput_requests: Count = None
+    goodput_ratio: float | None = None
+    output_throughput: Rate = None
+    total_token_throughput: Rate = None
+    max_output_tokens_per_s: Count = None
+    sla_breaches: dict[str, int] = Field(default_factory=dict)
+    itl_fallback_requests: Count = None
+    mean_ttft_ms: Ms = None
+    median_ttft_ms: Ms = None
+    std_ttft_ms: Ms = None
+    p50_ttft_ms: Ms = None
+    p90_ttft_ms: Ms = None
+    p95_ttft_ms: Ms = None
+    p99_ttft_ms: Ms = None
+    p99_9_ttft_ms: Ms = Field(None, alias="p99.9_ttft_ms")
+    min_ttft_ms: Ms = None
+    max_ttft_ms: Ms = None
+    ttft_samples: Count = None
+    mean_tpot_ms: Ms = None
+    median_tpot_ms: Ms = None
+    std_tpot_ms: Ms = None
+    p50_tpot_ms: Ms = None
+    p90_tpot_ms: Ms = None
+    p95_tpot_ms: Ms = None
+    p99_tpot_ms: Ms = None
+    p99_9_tpot_ms: Ms = Field(None, alias="p99.9_tpot_ms")
+    min_tpot_ms: Ms = None
+    max_tpot_ms: Ms = None
+    tpot_samples: Count = None
+    mean_itl_ms: Ms = None
+    median_itl_ms: Ms = None
+    std_itl_ms: Ms = None
+    p50_itl_ms: Ms = None
+    p90_itl_ms: Ms = None
+    p95_itl_ms: Ms = None
+    p99_itl_ms: Ms = None
+    p99_9_itl_ms: Ms = Field(None, alias="p99.9_itl_ms")
+    min_itl_ms: Ms = None
+    max_itl_ms: Ms = None
+    itl_samples: Count = None
+    mean_e2el_ms: Ms = None
+    median_e2el_ms: Ms = None
+    std_e2el_ms: Ms = None
+    p50_e2el_ms: Ms = None
+    p90_e2el_ms: Ms = None
+    p95_e2el_ms: Ms = None
+    p99_e2el_ms: Ms = None
+    p99_9_e2el_ms: Ms = Field(None, alias="p99.9_e2el_ms")
+    min_e2el_ms: Ms = None
+    max_e2el_ms: Ms = None
+    e2el_samples: Count = None
+    mean_chunk_itl_ms: Ms = None
+    median_chunk_itl_ms: Ms = None
+    std_chunk_itl_ms: Ms = None
+    p50_chunk_itl_ms: Ms = None
+    p90_chunk_itl_ms: Ms = None
+    p95_chunk_itl_ms: Ms = None
+    p99_chunk_itl_ms: Ms = None
+    p99_9_chunk_itl_ms: Ms = Field(None, alias="p99.9_chunk_itl_ms")
+    min_chunk_itl_ms: Ms = None
+    max_chunk_itl_ms: Ms = None
+    chunk_itl_samples: Count = None
+    mean_dispatch_lag_ms: Ms = None
+    median_dispatch_lag_ms: Ms = None
+    std_dispatch_lag_ms: Ms = None
+    p50_dispatch_lag_ms: Ms = None
+    p90_dispatch_lag_ms: Ms = None
+    p95_dispatch_lag_ms: Ms = None
+    p99_dispatch_lag_ms: Ms = None
+    p99_9_dispatch_lag_ms: Ms = Field(None, alias="p99.9_dispatch_lag_ms")
+    min_dispatch_lag_ms: Ms = None
+    max_dispatch_lag_ms: Ms = None
+    dispatch_lag_samples: Count = None
+
+
+class ServerFigures(_Model):
+    """Server-side figures of a stage from Prometheus (``--prometheus``); ``errors`` says why one is None."""
+
+    window_seconds: Count = None
+    queries: dict[str, str] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+    peak_vram_gib: float | None = None
+    mean_gpu_utilization_ratio: float | None = None
+    gpu_utilization_peak_to_trough_ratio: float | None = None
+    server_mean_ttft_ms: Ms = None
+    server_p99_ttft_ms: Ms = None
+    server_output_throughput: Rate = None
+    server_peak_waiting_requests: float | None = None
+
+
+class SliceFigures(Figures):
+    """A stage's or the whole run's figures beyond one slice's: load generator health, fairness, breakdowns."""
+
+    delivered_output_throughput: Rate = None
+    loadgen_loop_lag_p99_ms: Ms = None
+    loadgen_loop_lag_max_ms: Ms = None
+    loadgen_cpu_seconds: float | None = None
+    loadgen_cpu_ratio: float | None = None
+    jain_fairness_index: float | None = None
+    classes: dict[str, Figures] = Field(default_factory=dict)
+    models: dict[str, Figures] = Field(default_factory=dict)
+
+
+class StageResult(SliceFigures):
+    name: str
+    index: Count = None
+    warmup: bool = False
+    kind: str | None = None  # open | closed
+    target_users: Count = None
+    target_rate: float | None = None
+    arrival: str | None = None
+    max_concurrency: Count = None
+    start_time: str | None = None
+    end_time: str | None = None
+    start_timestamp: float | None = None
+    end_timestamp: float | None = None
+    end_reason: str | None = None  # duration | until_requests | max_duration | stopped
+    server: ServerFigures | None = None  # absent without --prometheus
+
+
+class Overall(SliceFigures):
+    stages: list[str] = Field(default_factory=list)
+
+
+class Versions(_Model):
+    loadlens: str | None = None
+    locust: str | None = None
+    python: str | None = None
+
+
+class RunInfo(_Model):
+    run_id: str = ""
+    target: str | None = None
+    model: str = ""
+    profile: str = ""
+    seed: int | None = None
+    users_scale: float | None = None
+    time_scale: float | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    start_timestamp: float | None = None
+    end_timestamp: float | None = None
+    duration_s: float | None = None
+    completed: bool | None = None
+    mode: str | None = None  # local | distributed
+    workers: Count = None
+    hostname: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    versions: Versions = Field(default_factory=Versions)
+
+
+class TrafficClass(_Model):
+    name: str
+    weight: float
+    share: float
+    endpoint: str
+    model: str | None = None
+    priority: int | None = None
+    priority_class: str
+    images: int = 0
+
+
+class ProfileInfo(_Model):
+    name: str
+    description: str = ""
+    source: str | None = None
+    sha256: str | None = None
+    users_scale: float | None = None
+    time_scale: float | None = None
+    traffic: list[TrafficClass] = Field(default_factory=list)
+
+
+class SLOClass(_Model):
+    priority_min: int
+    priority_max: int
+    ttft_seconds: float
+    itl_seconds: float
+    e2e_seconds: float
+
+
+class SLOInfo(_Model):
+    source: str | None = None
+    classes: dict[str, SLOClass] = Field(default_factory=dict)
+
+
+class Validity(_Model):
+    results_valid: bool
+    reasons: list[str] = Field(default_factory=list)
+    loadgen_cpu_peak_ratio: float | None = None
+    loadgen_cpu_mean_ratio: float | None = None
+    cpu_threshold_ratio: float | None = None
+
+
+class SummaryRow(_Model):
+    """The guide's chapter-1 table: one row per measured stage."""
+
+    stage: str
+    mean_ttft_ms: Ms = None
+    output_throughput: Rate = None
+    peak_vram_gib: float | None = None
+
+
+class BenchmarkResult(_Model):
+    schema_: str = Field(SCHEMA, alias="schema")
+    schema_version: int = SCHEMA_VERSION
+    run: RunInfo = Field(default_factory=RunInfo)
+    profile: ProfileInfo | None = None
+    slo: SLOInfo | None = None
+    validity: Validity | None = None
+    stages: list[StageResult]
+    overall: Overall | None = None
+    summary_table: list[SummaryRow] = Field(default_factory=list)
+
+
+def parse_result(doc: Any, source: str = "<memory>") -> BenchmarkResult:
+    """A parsed document, or :class:`ResultsError` naming the file and the first bad key."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ResultsError(f"{source}: not a loadlens benchmark_result.json (schema is not {SCHEMA})")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise ResultsError(
+            f"{source}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION} (written by another "
+            "loadlens version)"
+        )
+    try:
+        return BenchmarkResult.model_validate(doc)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ResultsError(f"{source}: {where}: {first['msg']}") from None
