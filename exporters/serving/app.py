@@ -278,7 +278,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        body, content_type = render_exposition(state.registry, request.headers.get("accept", ""))
+        body, content_type = render_exposition(state.registry, request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
     async def _admin(request: Request, action: Callable[[], Awaitable[Response]]) -> Response:

@@ -177,12 +177,6 @@ def extract_context(headers: Mapping[str, str]) -> Context:
     return _PROPAGATOR.extract(carrier=dict(headers))
 
 
-def inject_headers(context: Context | None = None) -> dict[str, str]:
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=context)
-    return carrier
-
-
 def parse_traceparent(value: str | None) -> tuple[str, str] | None:
     """(trace_id, parent span_id) hex from a W3C traceparent, or None when absent or invalid."""
     if not value:

@@ -125,7 +125,7 @@ def create_pager_app(log_path: Path, registry: CollectorRegistry | None = None, 
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        body, content_type = render_exposition(registry, request.headers.get("accept", ""))
+        body, content_type = render_exposition(registry, request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
     return app

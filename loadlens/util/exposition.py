@@ -8,6 +8,8 @@ see nothing. Every loadlens name is a valid legacy name, which the "allow-utf-8"
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
@@ -16,8 +18,9 @@ TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-def wants_openmetrics(accept: str) -> bool:
-    for part in accept.split(","):
+def wants_openmetrics(accept: str | None) -> bool:
+    """Whether an Accept header accepts OpenMetrics (any ``application/openmetrics-text`` with q > 0)."""
+    for part in (accept or "").split(","):
         fields = [f.strip() for f in part.split(";")]
         if fields[0] != "application/openmetrics-text":
             continue
@@ -30,9 +33,22 @@ def wants_openmetrics(accept: str) -> bool:
     return False
 
 
-def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
-    """(body, content type) for a scrape with this Accept header: OpenMetrics (with exemplars) or text."""
+def render(
+    registry: CollectorRegistry,
+    accept: str | None = None,
+    *,
+    text_encoder: Callable[[CollectorRegistry], bytes] = generate_latest,
+) -> tuple[bytes, str]:
+    """The /metrics answer for a scrape: ``(body, content_type)``, chosen from the raw Accept header value.
+
+    OpenMetrics 1.0.0 (with exemplars, colon names intact) when ``accept`` accepts it, else text 0.0.4 written
+    by ``text_encoder`` (a server with a faster encoder of the same format passes its own). ``accept`` is the
+    header string as received, or None when absent, so any server can call it::
+
+        body, content_type = render(registry, request.headers.get("accept"))   # Starlette
+        body, content_type = render(registry, self.headers.get("Accept"))      # http.server handler
+    """
     if wants_openmetrics(accept):
         body: bytes = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)  # type: ignore[no-untyped-call]
         return body, OPENMETRICS_CONTENT_TYPE
-    return generate_latest(registry), TEXT_CONTENT_TYPE
+    return text_encoder(registry), TEXT_CONTENT_TYPE

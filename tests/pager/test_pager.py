@@ -83,6 +83,7 @@ def test_bad_payloads_are_400_and_not_logged(tmp_path: Path) -> None:
             assert r.json()["error"]["code"] == 400
     assert not log.exists() or log.read_text() == ""
     assert registry.get_sample_value("loadlens_pager_invalid_payloads_total") == 5
+    assert r.json()["error"]["type"] == "BadRequestError"  # the shared OpenAI-style body
 
 
 def test_concurrent_posts_lose_nothing(tmp_path: Path) -> None:
@@ -99,3 +100,15 @@ def test_concurrent_posts_lose_nothing(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(lines) == 200
     assert sorted(line["groupLabels"]["alertname"] for line in lines) == sorted(f"A{i}" for i in range(200))
+
+
+def test_metrics_negotiates_text_or_openmetrics(tmp_path: Path) -> None:
+    with serve_app(create_pager_app(tmp_path / "pages.jsonl", CollectorRegistry(), io.StringIO())) as url:
+        httpx.post(url + "/alerts", content=b"not json")
+        plain = httpx.get(url + "/metrics")
+        om = httpx.get(url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert plain.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "loadlens_pager_invalid_payloads_total 1.0" in plain.text.splitlines()
+    assert om.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    assert "loadlens_pager_invalid_payloads_total 1.0" in om.text.splitlines()
+    assert om.text.endswith("# EOF\n")
