@@ -134,3 +134,34 @@ def test_unreachable_upstream_is_503() -> None:
 def test_proxy_rejects_bad_upstream_url() -> None:
     with pytest.raises(ValueError, match="http"):
         OpenAIProxyEngine("ftp://example")
+
+
+def test_upstream_error_translation() -> None:
+    from exporters.serving.engine import ErrorKind
+    from exporters.serving.engines.openai_proxy import upstream_error
+
+    body = b'{"error": {"message": "too long", "type": "BadRequestError", "param": "max_tokens", "code": 400}}'
+    err = upstream_error("http://u:1", 400, raw=body)
+    assert (err.kind, err.status, err.message, err.retry_after_seconds) == (ErrorKind.UPSTREAM, 400, "too long", None)
+    assert err.body == json.loads(body)
+    err = upstream_error("http://u:1", 429, raw=b"slow down", retry_after="2.5")
+    assert (err.status, err.message, err.body, err.retry_after_seconds) == (
+        429,
+        "upstream returned HTTP 429: slow down",
+        None,
+        2.5,
+    )
+    assert upstream_error("http://u:1", 503, raw=b"", retry_after="soon").retry_after_seconds is None
+    err = upstream_error("http://u:1", ConnectionRefusedError("refused"))
+    assert (err.kind, err.status, err.message) == (
+        ErrorKind.UNAVAILABLE,
+        None,
+        "upstream http://u:1 unreachable: refused",
+    )
+    err = upstream_error("http://u:1", "upstream stream broke: reset")
+    assert (err.kind, err.status, err.message, err.body) == (
+        ErrorKind.UPSTREAM,
+        502,
+        "upstream stream broke: reset",
+        None,
+    )

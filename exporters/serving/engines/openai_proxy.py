@@ -47,6 +47,37 @@ def _error_body(raw: bytes) -> Mapping[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+# What aiohttp raises when the upstream cannot be reached or stops answering (refused, DNS, timeouts).
+_UNREACHABLE = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+def upstream_error(
+    upstream: str, failure: int | BaseException | str, *, raw: bytes = b"", retry_after: str | None = None
+) -> EngineError:
+    """The one translation of an upstream failure into an EngineError, by what ``failure`` is:
+
+    - an ``int``: the upstream answered with this non-200 status. Kept, with the upstream's message and its
+      JSON body (``raw``) forwarded as they are, and ``Retry-After`` when given.
+    - an exception: the request never got an answer (connection refused, DNS, timeout): 503.
+    - a ``str``: an accepted stream went wrong (broken, cut short, bad JSON, an error event), described by
+      the string: 502, since a gateway is what failed the client.
+    """
+    if isinstance(failure, int):
+        parsed = _error_body(raw)
+        return EngineError(
+            ErrorKind.UPSTREAM,
+            _error_message(parsed, failure, raw),
+            status=failure,
+            body=parsed,
+            retry_after_seconds=float(retry_after)
+            if retry_after and retry_after.replace(".", "", 1).isdigit()
+            else None,
+        )
+    if isinstance(failure, BaseException):
+        return EngineError(ErrorKind.UNAVAILABLE, f"upstream {upstream} unreachable: {failure}")
+    return EngineError(ErrorKind.UPSTREAM, failure, status=502)
+
+
 def _error_message(body: Mapping[str, Any] | None, status: int, raw: bytes) -> str:
     if body is not None:
         err = body.get("error")
@@ -59,8 +90,9 @@ def _error_message(body: Mapping[str, Any] | None, status: int, raw: bytes) -> s
 
 
 class _ProxyStream(RequestStream):
-    def __init__(self, response: aiohttp.ClientResponse, request: GenerationRequest) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: GenerationRequest, upstream: str) -> None:
         self.request_id = request.request_id
+        self._upstream = upstream
         self.timing = RequestTiming()
         self._response = response
         self._endpoint = request.endpoint
@@ -81,13 +113,11 @@ class _ProxyStream(RequestStream):
                 await self.aclose()
                 if not self._finished:
                     self.timing.finished = asyncio.get_running_loop().time()
-                    raise EngineError(
-                        ErrorKind.UPSTREAM, "upstream closed the stream before finishing", status=502
-                    ) from None
+                    raise upstream_error(self._upstream, "upstream closed the stream before finishing") from None
                 raise
             except aiohttp.ClientError as err:
                 await self.aclose()
-                raise EngineError(ErrorKind.UPSTREAM, f"upstream stream broke: {err}", status=502) from err
+                raise upstream_error(self._upstream, f"upstream stream broke: {err}") from err
             if not line.startswith(b"data:"):
                 continue  # blank separators, comments, event: lines
             payload = line[5:].strip()
@@ -102,15 +132,13 @@ class _ProxyStream(RequestStream):
         try:
             chunk = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise EngineError(
-                ErrorKind.UPSTREAM, f"upstream sent invalid JSON in the stream: {err}", status=502
-            ) from err
+            raise upstream_error(self._upstream, f"upstream sent invalid JSON in the stream: {err}") from err
         if not isinstance(chunk, dict):
             return None
         if "error" in chunk and "choices" not in chunk:
             detail = chunk["error"]
             message = detail.get("message") if isinstance(detail, dict) else str(detail)
-            raise EngineError(ErrorKind.UPSTREAM, f"upstream error mid-stream: {message}", status=502)
+            raise upstream_error(self._upstream, f"upstream error mid-stream: {message}")
         usage = chunk.get("usage")
         new_tokens_from_usage: int | None = None
         if isinstance(usage, dict):
@@ -250,21 +278,15 @@ class OpenAIProxyEngine(Engine):
                 data=json.dumps(body).encode(),
                 headers=self._headers(request.trace_headers),
             )
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise EngineError(ErrorKind.UNAVAILABLE, f"upstream {self.upstream} unreachable: {err}") from err
+        except _UNREACHABLE as err:
+            raise upstream_error(self.upstream, err) from err
         if response.status != 200:
             raw = await response.read()
             response.release()
-            parsed = _error_body(raw)
-            retry = response.headers.get("retry-after")
-            raise EngineError(
-                ErrorKind.UPSTREAM,
-                _error_message(parsed, response.status, raw),
-                status=response.status,
-                body=parsed,
-                retry_after_seconds=float(retry) if retry and retry.replace(".", "", 1).isdigit() else None,
+            raise upstream_error(
+                self.upstream, response.status, raw=raw, retry_after=response.headers.get("retry-after")
             )
-        stream = _ProxyStream(response, request)
+        stream = _ProxyStream(response, request, self.upstream)
         self._streams[request.request_id] = stream
         stream.timing.queued = asyncio.get_running_loop().time()
         return _Tracked(stream, self._streams)
@@ -280,13 +302,10 @@ class OpenAIProxyEngine(Engine):
             async with session.get(self.upstream + "/v1/models", headers=self._headers()) as response:
                 raw = await response.read()
                 if response.status != 200:
-                    raise EngineError(
-                        ErrorKind.UPSTREAM,
-                        _error_message(_error_body(raw), response.status, raw),
-                        status=response.status,
-                    )
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise EngineError(ErrorKind.UNAVAILABLE, f"upstream {self.upstream} unreachable: {err}") from err
+                    # Never reaches a client (models() and start() fall back to the cached cards).
+                    raise upstream_error(self.upstream, response.status, raw=raw)
+        except _UNREACHABLE as err:
+            raise upstream_error(self.upstream, err) from err
         doc = _error_body(raw) or {}
         cards = []
         for item in doc.get("data") or []:
@@ -316,15 +335,9 @@ class OpenAIProxyEngine(Engine):
             ) as response:
                 raw = await response.read()
                 if response.status != 200:
-                    parsed = _error_body(raw)
-                    raise EngineError(
-                        ErrorKind.UPSTREAM,
-                        _error_message(parsed, response.status, raw),
-                        status=response.status,
-                        body=parsed,
-                    )
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise EngineError(ErrorKind.UNAVAILABLE, f"upstream {self.upstream} unreachable: {err}") from err
+                    raise upstream_error(self.upstream, response.status, raw=raw)
+        except _UNREACHABLE as err:
+            raise upstream_error(self.upstream, err) from err
 
     async def load_adapter(self, lora: LoRARequest) -> None:
         await self._post_admin("/v1/load_lora_adapter", {"lora_name": lora.lora_name, "lora_path": lora.lora_path})
@@ -352,7 +365,7 @@ class OpenAIProxyEngine(Engine):
                 if response.status == 200:
                     return Health(True)
                 return Health(False, f"upstream /health returned {response.status}")
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        except _UNREACHABLE as err:
             return Health(False, f"upstream unreachable: {err}")
 
 
