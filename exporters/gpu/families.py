@@ -30,7 +30,7 @@ Row = tuple[Sequence[str], float]
 
 # [low, high) of prometheus_client (major, minor) versions the points above were verified against (0.20.0 and
 # 0.26.0); widen it after running tests/gpu/test_gpu_families.py on a new release.
-VERIFIED_PROMETHEUS_CLIENT: tuple[tuple[int, int], tuple[int, int]] = ((0, 20), (0, 27))
+VERIFIED_PROMETHEUS_CLIENT: tuple[tuple[int, int], tuple[int, int]] = ((0, 23), (0, 27))
 
 
 class _RowSamples:
