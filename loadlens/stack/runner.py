@@ -17,8 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +31,7 @@ from loadlens.alerting.rules import build_groups
 from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, PAGER_JOB, SERVE_JOB
 from loadlens.contracts.slo import load_slos
 from loadlens.util.cliutil import UsageError
+from loadlens.util.http import http_ok
 
 STATE_FILE = "stack.json"
 INSTALL_HINT = "apt-get install prometheus prometheus-alertmanager (Debian/Ubuntu), or put the binaries on PATH"
@@ -92,14 +91,6 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _http_ok(url: str, timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
 
 
 def _binary(*names: str) -> str:
@@ -232,7 +223,7 @@ class Stack:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{service.name} exited with {proc.returncode}:\n{self._tail(service)}")
-            if _http_ok(service.ready_url):
+            if http_ok(service.ready_url):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"{service.name} not ready after {self.o.startup_timeout_s:.0f} s:\n{self._tail(service)}")
@@ -271,4 +262,4 @@ class Stack:
 
     def status(self) -> list[tuple[Service, bool, bool]]:
         """(service, process alive, ready URL answers) for each recorded service."""
-        return [(s, _alive(s), _alive(s) and _http_ok(s.ready_url)) for s in self._load()]
+        return [(s, _alive(s), _alive(s) and http_ok(s.ready_url)) for s in self._load()]

@@ -11,22 +11,14 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from loadlens.util.http import http_ok
 
 
 class ChildError(RuntimeError):
     """The child exited or never answered; the message carries the end of its stderr."""
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
 
 
 @contextlib.contextmanager
@@ -45,7 +37,7 @@ def http_child(
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
-        while not _healthy(url + health_path):
+        while not http_ok(url + health_path):
             if proc.poll() is not None:
                 err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
                 raise ChildError(f"{argv[2:5]} exited with {proc.returncode}: {err}")
