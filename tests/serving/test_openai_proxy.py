@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -165,3 +166,74 @@ def test_upstream_error_translation() -> None:
         "upstream stream broke: reset",
         None,
     )
+
+
+PLAIN = [  # chunks the byte-level path reads; the JSON path reads the same fields from them
+    b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t1 "},'
+    b'"logprobs":null,"finish_reason":null}]}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"content":"say \\"hi\\" caf\\u00e9\\n"},"finish_reason":null}],'
+    b'"usage":null}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"content":""}}]}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}',
+]
+OTHER = [  # chunks only the JSON path reads
+    b'{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"length","stop_reason":null}]}',
+    b'{"id":"c", "choices": [{"index": 0, "delta": {"content": "spaced"}}]}',
+    b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":6}}',
+]
+
+
+def _proxy_stream(endpoint: str, stream_options: dict[str, bool], client_streams: bool) -> object:
+    from exporters.serving.engine import GenerationRequest, SamplingParams
+    from exporters.serving.engines.openai_proxy import _ProxyStream
+
+    class _Content:
+        def __aiter__(self) -> _Content:
+            return self
+
+    class _Response:
+        content = _Content()
+
+    request = GenerationRequest(
+        request_id="r",
+        endpoint=endpoint,  # type: ignore[arg-type]
+        model="m",
+        prompt="p",
+        image_count=0,
+        sampling=SamplingParams(max_tokens=8),
+        arrival_time=0.0,
+        body={"stream_options": stream_options},
+        stream_requested=client_streams,
+    )
+    return _ProxyStream(_Response(), request, "http://u:1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("client_streams", [True, False])
+@pytest.mark.parametrize("options", [{}, {"include_usage": True, "continuous_usage_stats": True}])
+def test_byte_level_chunk_reading_matches_json(client_streams: bool, options: dict[str, bool]) -> None:
+    import asyncio
+
+    async def events(fast: bool) -> list[object]:
+        stream: Any = _proxy_stream("chat", options, client_streams)
+        if not fast:
+            stream._fast_fields = lambda payload: None
+        out = [stream._parse(p) for p in PLAIN + OTHER]
+        return [*out, stream._prompt_tokens, stream._output_tokens]
+
+    with_fast, json_only = asyncio.run(events(True)), asyncio.run(events(False))
+    assert with_fast == json_only
+    probe: Any = _proxy_stream("chat", options, client_streams)
+    read_by_bytes = [probe._fast_fields(p) is not None for p in PLAIN + OTHER]
+    keep = bool(options)
+    assert read_by_bytes == [True, True, True, keep, False, False, False, False]
+    if client_streams:
+        assert [e.wire_chunk for e in with_fast[:3]] == PLAIN[:3]  # forwarded byte for byte
+
+
+def test_byte_level_reading_of_completions_chunks() -> None:
+    stream: Any = _proxy_stream("completions", {}, True)
+    assert stream._fast_fields(b'{"choices":[{"index":0,"text":"a\\tb","finish_reason":null}]}') == ("a\tb", None, None)
+    assert stream._fast_fields(b'{"choices":[{"index":0,"text":null}]}') == ("", None, None)
+    assert stream._fast_fields(b'{"choices":[{"index":0,"text":"a"}]') is None  # truncated frame
+    assert stream._fast_fields(b'{"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]}') is None

@@ -32,6 +32,7 @@ from exporters.serving.engine import (
     RequestStream,
     RequestTiming,
 )
+from loadlens.util import sse
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _FINISH = {r.value: r for r in FinishReason}
@@ -129,6 +130,14 @@ class _ProxyStream(RequestStream):
                 return event
 
     def _parse(self, payload: bytes) -> OutputEvent | None:
+        fields = self._fast_fields(payload)
+        if fields is not None:
+            text, completion, prompt = fields
+            if prompt is not None:
+                self._prompt_tokens = prompt
+            new_tokens = self._count(text, completion)
+            forwarded = payload if self._client_streams else None
+            return OutputEvent(text, new_tokens, self._prompt_tokens, self._output_tokens, wire_chunk=forwarded)
         try:
             chunk = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -164,18 +173,13 @@ class _ProxyStream(RequestStream):
         else:
             text = choice.get("text") or ""
             role = None
-        if new_tokens_from_usage is not None:
-            new_tokens = new_tokens_from_usage
-        else:
-            new_tokens = 1 if text else 0  # one token per content chunk when the upstream gives no usage
-        self._output_tokens += new_tokens
+        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        new_tokens = self._count(text, completion if isinstance(completion, int) else None)
         reason = choice.get("finish_reason")
         finish = _FINISH.get(reason, FinishReason.STOP) if reason else None
         if finish is not None:
             self._finished = True
             self.timing.finished = asyncio.get_running_loop().time()
-        if new_tokens and self.timing.first_token is None:
-            self.timing.first_token = asyncio.get_running_loop().time()
         wire: bytes | None = None
         if self._client_streams:
             if isinstance(usage, dict) and not self._keep_usage:
@@ -194,6 +198,45 @@ class _ProxyStream(RequestStream):
             wire_chunk=wire,
             role=role if isinstance(role, str) and not text else None,
         )
+
+    def _fast_fields(self, payload: bytes) -> tuple[str, int | None, int | None] | None:
+        """(text, completion_tokens, prompt_tokens) of a plain content chunk, read without json.loads; None
+        for every other chunk (role, finish, usage to strip, errors, anything not compact), which the JSON
+        path handles. Most chunks of a stream are plain content chunks, forwarded as they are."""
+        if payload[:1] != b"{" or payload[-1:] != b"}" or b'"error"' in payload or b'"choices":[{' not in payload:
+            return None
+        for key in (b'"finish_reason"', b'"stop_reason"', b'"role"'):
+            if not sse.is_null_or_absent(payload, key):
+                return None
+        no_usage = sse.is_null_or_absent(payload, b'"usage"')
+        completion = prompt = None
+        if no_usage is None:
+            return None
+        if not no_usage:
+            # Usage the client did not ask for is stripped by re-serialising: the JSON path does that.
+            if not self._keep_usage or b'"usage":{' not in payload:
+                return None
+            counts = sse.usage_counts(payload)
+            if counts is None:
+                return None
+            completion, prompt = counts
+        if self._endpoint == "chat" and b'"delta":{' not in payload:
+            return None
+        text = sse.string_value(payload, b'"content"' if self._endpoint == "chat" else b'"text"')
+        if not (text is None or isinstance(text, str)):
+            return None
+        return text or "", completion, prompt
+
+    def _count(self, text: str, completion: int | None) -> int:
+        """Output tokens a content chunk carries: from usage when given, else one per non-empty chunk."""
+        if completion is None:
+            new_tokens = 1 if text else 0
+        else:
+            new_tokens = max(0, completion - self._output_tokens)
+        self._output_tokens += new_tokens
+        if new_tokens and self.timing.first_token is None:
+            self.timing.first_token = asyncio.get_running_loop().time()
+        return new_tokens
 
     async def aclose(self) -> None:
         if self._closed:
