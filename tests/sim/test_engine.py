@@ -9,6 +9,7 @@ event-loop tick behind a batching window, so the first step sees them all howeve
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import statistics
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from exporters.serving.engine import EngineError, ErrorKind, FinishReason, LoRARequest
 from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile, roofline
-from exporters.serving.engines.sim.roofline import BatchShape, attn_pairs, decode_shape, prefill_shape, step_cost
+from exporters.serving.engines.sim.roofline import BatchShape, attn_pairs, step_cost
 from loadlens.contracts.device_state import DeviceState
 from tests.sim.helpers import (
     collect,
@@ -31,6 +32,7 @@ from tests.sim.helpers import (
     until,
     write_adapter,
 )
+from tests.sim.roofline_shapes import decode_shape, prefill_shape
 
 WINDOW_US = 1e6  # 1 s modeled: with speed <= 50 that is >= 20 ms of wall time to submit a script in
 
@@ -763,3 +765,19 @@ def test_jitter_is_seeded() -> None:
     assert jittered == run(body(1, 0.3))
     assert jittered != steady and jittered != run(body(2, 0.3))
     assert steady == run(body(2, 0.0))  # without jitter the seed changes text, not time
+
+
+def test_generate_leaves_the_callers_request_unchanged() -> None:
+    async def body() -> None:
+        engine, reg = make_engine(speed=200.0)
+        await engine.start()
+        req = request("r", prompt_of(48), max_tokens=0)  # chat without max_tokens: the context's rest
+        before = copy.deepcopy(req)
+        events = await collect(await engine.generate(req))
+        await engine.stop()
+        assert req == before
+        assert req.sampling.max_tokens == 0
+        assert events[-1].output_tokens == 2048 - 48
+        assert sample(reg, "vllm:request_params_max_tokens_sum", **engine_labels()) == 2048 - 48
+
+    run(body())

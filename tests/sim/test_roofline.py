@@ -7,6 +7,7 @@ import pytest
 from exporters.serving.engines.sim import load_gpu_profile, load_model_profile
 from exporters.serving.engines.sim import roofline as rl
 from exporters.serving.engines.sim.roofline import BatchShape, LoraWork
+from tests.sim.roofline_shapes import compute_bound, decode_shape, prefill_shape
 
 LLAMA = load_model_profile("deepseek-r1-distill-llama-8b")
 QWEN = load_model_profile("qwen2-72b")
@@ -64,21 +65,21 @@ def test_step_is_max_of_compute_and_memory_plus_overhead_for_a_mixed_batch() -> 
 
 
 def test_prefill_is_compute_bound_and_decode_memory_bound() -> None:
-    assert rl.step_cost(LLAMA, H100, rl.prefill_shape(2048)).compute_bound
-    assert not rl.step_cost(LLAMA, H100, rl.decode_shape(8, 1000)).compute_bound
+    assert compute_bound(rl.step_cost(LLAMA, H100, prefill_shape(2048)))
+    assert not compute_bound(rl.step_cost(LLAMA, H100, decode_shape(8, 1000)))
     # Prefill time grows about linearly in prompt length once compute-bound.
-    t1k = rl.step_cost(LLAMA, H100, rl.prefill_shape(1000)).total_seconds
-    t4k = rl.step_cost(LLAMA, H100, rl.prefill_shape(4000)).total_seconds
+    t1k = rl.step_cost(LLAMA, H100, prefill_shape(1000)).total_seconds
+    t4k = rl.step_cost(LLAMA, H100, prefill_shape(4000)).total_seconds
     assert 3.5 < t4k / t1k < 4.5
 
 
 def test_decode_throughput_rises_with_batch_until_compute_bound_then_flattens() -> None:
     batches = [2**i for i in range(13)]  # 1 .. 4096
-    costs = [rl.step_cost(LLAMA, H100, rl.decode_shape(b, 16)) for b in batches]
+    costs = [rl.step_cost(LLAMA, H100, decode_shape(b, 16)) for b in batches]
     tput = [b / c.total_seconds for b, c in zip(batches, costs, strict=True)]
     assert all(later >= earlier for earlier, later in zip(tput, tput[1:], strict=False))
     assert tput[1] / tput[0] > 1.9  # memory-bound: twice the batch is nearly twice the throughput
-    assert not costs[0].compute_bound and costs[-1].compute_bound
+    assert not compute_bound(costs[0]) and compute_bound(costs[-1])
     assert tput[-1] / tput[-2] < 1.1  # compute-bound: flat
     ceiling = H100.peak_tensor_flops * H100.compute_efficiency / (2 * LLAMA.layers * LLAMA.layer_linear_params())
     assert tput[-1] < ceiling
@@ -114,22 +115,22 @@ def test_adapter_sizes_and_load_times() -> None:
 
 
 def test_awq_adds_a_dequantisation_term_and_streams_fewer_bytes() -> None:
-    cost = rl.step_cost(QWEN, H100, rl.decode_shape(1, 100))
+    cost = rl.step_cost(QWEN, H100, decode_shape(1, 100))
     linear = QWEN.layers * QWEN.layer_linear_params()
     assert cost.dequant_seconds == pytest.approx(linear * 4 / (67e12 * 0.55))
     assert rl.streamed_weight_bytes(QWEN, images=False) < rl.weight_bytes(QWEN)
-    assert rl.step_cost(LLAMA, H100, rl.decode_shape(1, 100)).dequant_seconds == 0
+    assert rl.step_cost(LLAMA, H100, decode_shape(1, 100)).dequant_seconds == 0
 
 
 def test_images_add_vision_flops_and_weights() -> None:
     vl = load_model_profile("deepseek-vl-7b")
-    text = rl.step_cost(vl, A100, rl.prefill_shape(600))
-    image = rl.step_cost(vl, A100, rl.prefill_shape(600, images=1))
+    text = rl.step_cost(vl, A100, prefill_shape(600))
+    image = rl.step_cost(vl, A100, prefill_shape(600, images=1))
     assert image.flops - text.flops == pytest.approx(vl.vision_flops_per_image)
     assert image.bytes_moved - text.bytes_moved == vl.vision_params * 2
 
 
 def test_stall_and_overhead_are_not_busy_time() -> None:
-    cost = rl.step_cost(TINY, H100, rl.decode_shape(4, 10), stall_seconds=0.05)
+    cost = rl.step_cost(TINY, H100, decode_shape(4, 10), stall_seconds=0.05)
     assert cost.total_seconds == pytest.approx(0.05 + cost.overhead_seconds + cost.busy_seconds)
     assert cost.busy_seconds == max(cost.compute_seconds, cost.memory_seconds)

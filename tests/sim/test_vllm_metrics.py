@@ -8,6 +8,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.serving.engine import FinishReason
+from exporters.serving.engines.sim.stats import (
+    FinishedRequestStats,
+    IterationStats,
+    LoraStats,
+    SchedulerStats,
+    StepStats,
+)
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
 from loadlens.contracts.buckets import VLLM_INTER_TOKEN_LATENCY, VLLM_REQUEST_LATENCY, VLLM_TIME_TO_FIRST_TOKEN
 
@@ -60,8 +67,9 @@ def test_exposed_names_and_label_sets() -> None:
 
 def test_finished_request_observes_every_histogram_once() -> None:
     m, reg = make()
-    m.finished(FinishReason.STOP, arrival=10.0, queued=10.5, scheduled=11.0, first_token=12.0, last_token=20.0,
-               prompt_tokens=100, output_tokens=5, max_tokens=64, preemptions=2, computed_prompt_tokens=36)  # fmt: skip
+    m.finished(FinishedRequestStats(FinishReason.STOP, arrival=10.0, queued=10.5, scheduled=11.0, first_token=12.0,
+                                    last_token=20.0, prompt_tokens=100, output_tokens=5, max_tokens=64,
+                                    preemptions=2, computed_prompt_tokens=36))  # fmt: skip
 
     def total(name: str) -> float:
         value = reg.get_sample_value(name, LAB)
@@ -87,8 +95,9 @@ def test_finished_request_observes_every_histogram_once() -> None:
 
 def test_single_token_request_has_zero_tpot() -> None:
     m, reg = make()
-    m.finished(FinishReason.LENGTH, arrival=0.0, queued=0.0, scheduled=0.0, first_token=1.0, last_token=1.0,
-               prompt_tokens=1, output_tokens=1, max_tokens=1, preemptions=0, computed_prompt_tokens=1)  # fmt: skip
+    m.finished(FinishedRequestStats(FinishReason.LENGTH, arrival=0.0, queued=0.0, scheduled=0.0, first_token=1.0,
+                                    last_token=1.0, prompt_tokens=1, output_tokens=1, max_tokens=1, preemptions=0,
+                                    computed_prompt_tokens=1))  # fmt: skip
     assert reg.get_sample_value("vllm:request_time_per_output_token_seconds_sum", LAB) == 0.0
     assert reg.get_sample_value("vllm:request_time_per_output_token_seconds_count", LAB) == 1
 
@@ -135,3 +144,81 @@ def test_cache_info_is_replaced_when_the_cache_changes() -> None:
                                                            "num_gpu_blocks": "50"}) == 1  # fmt: skip
     assert reg.get_sample_value("vllm:cache_config_info", {"block_size": "16", "engine": "0",
                                                            "num_gpu_blocks": "100"}) is None  # fmt: skip
+
+
+# --- the stat-logger path: plain records in, series out ----------------------------------------------------
+
+
+def value(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    v = reg.get_sample_value(name, labels)
+    assert v is not None, f"{name}{labels} is missing"
+    return v
+
+
+def test_step_record_feeds_the_step_series() -> None:
+    m, reg = make()
+    m.record_step(StepStats(0.004, 3, num_preempted=2, prefix_queries=48, prefix_hits=32,
+                            adapter_loads=[("host", 0.02), ("storage", 0.5)]))  # fmt: skip
+    m.record_step(StepStats(0.001, 1))
+    assert value(reg, "vllm:num_preemptions_total", **LAB) == 2
+    assert value(reg, "vllm:prefix_cache_queries_total", **LAB) == 48
+    assert value(reg, "vllm:prefix_cache_hits_total", **LAB) == 32
+    assert value(reg, "loadlens_sim_step_duration_seconds_count") == 2
+    assert value(reg, "loadlens_sim_step_duration_seconds_sum") == 0.004 + 0.001
+    assert value(reg, "loadlens_sim_batch_size_sum") == 4
+    assert value(reg, "loadlens_sim_adapter_load_seconds_sum", source="host") == 0.02
+    assert value(reg, "loadlens_sim_adapter_load_seconds_sum", source="storage") == 0.5
+    assert value(reg, "loadlens_sim_adapter_load_seconds_count", source="storage") == 1
+
+
+def test_iteration_record_feeds_token_latency_and_request_series() -> None:
+    m, reg = make()
+    done = FinishedRequestStats(FinishReason.LENGTH, arrival=0.0, queued=0.0, scheduled=1.0, first_token=2.0,
+                                last_token=4.0, prompt_tokens=30, output_tokens=3, max_tokens=3, preemptions=1,
+                                computed_prompt_tokens=14)  # fmt: skip
+    m.record_iteration(IterationStats(num_generation_tokens=3, num_prompt_tokens=30, time_to_first_tokens=[0.25],
+                                      inter_token_latencies=[0.5, 0.125], finished_requests=[done]))  # fmt: skip
+    m.record_iteration(IterationStats())  # a prefill-only step: no tokens, still one iteration observed
+    assert value(reg, "vllm:generation_tokens_total", **LAB) == 3
+    assert value(reg, "vllm:prompt_tokens_total", **LAB) == 30
+    assert value(reg, "vllm:time_to_first_token_seconds_sum", **LAB) == 0.25
+    assert value(reg, "vllm:time_to_first_token_seconds_count", **LAB) == 1
+    assert value(reg, "vllm:inter_token_latency_seconds_sum", **LAB) == 0.625
+    assert value(reg, "vllm:inter_token_latency_seconds_count", **LAB) == 2
+    assert value(reg, "vllm:iteration_tokens_total_count", **LAB) == 2
+    assert value(reg, "vllm:iteration_tokens_total_sum", **LAB) == 33
+    assert value(reg, "vllm:iteration_tokens_total_bucket", **LAB, le="1.0") == 1
+    assert value(reg, "vllm:request_success_total", **LAB, finished_reason="length") == 1
+    assert value(reg, "vllm:request_num_preemptions_sum", **LAB) == 1
+    assert value(reg, "vllm:request_prefill_kv_computed_tokens_sum", **LAB) == 14
+    assert value(reg, "vllm:request_time_per_output_token_seconds_sum", **LAB) == 1.0  # (4 - 2) / (3 - 1)
+
+
+def test_scheduler_record_sets_queue_gauges_and_lora_info_only_when_given() -> None:
+    m, reg = make()
+    lora_labels = {"max_lora": "2", "waiting_lora_adapters": "", "running_lora_adapters": ""}
+    seeded = value(reg, "vllm:lora_requests_info", **lora_labels)
+    m.record_scheduler(SchedulerStats(num_running=2, num_waiting=5, num_deferred=1, kv_cache_usage=0.5), None)
+    assert value(reg, "vllm:num_requests_running", **LAB) == 2
+    assert value(reg, "vllm:num_requests_waiting_by_reason", **LAB, reason="capacity") == 4
+    assert value(reg, "vllm:kv_cache_usage_perc", **LAB) == 0.5
+    assert value(reg, "vllm:lora_requests_info", **lora_labels) == seeded  # None: the info series is left alone
+    m.record_scheduler(SchedulerStats(1, 0, 0, 0.0), LoraStats(2, ("w",), ("a", "b")))
+    assert reg.get_sample_value("vllm:lora_requests_info", lora_labels) is None
+    assert value(reg, "vllm:lora_requests_info", max_lora="2", waiting_lora_adapters="w",
+                 running_lora_adapters="a,b") >= seeded  # fmt: skip
+
+
+def test_rejections_preemptions_and_wakeups() -> None:
+    m, reg = make()
+    m.record_rejection("max_num_queued_tokens")
+    m.record_preemptions(0)
+    m.record_preemptions(3)
+    m.record_wakeup(-0.001, slipped=False)  # early wake-ups count as 0 lateness
+    m.record_wakeup(0.5, slipped=True)
+    assert value(reg, "vllm:admission_rejections_total", model_name="m", reason="max_num_queued_tokens") == 1
+    assert value(reg, "vllm:admission_rejections_total", model_name="m", reason="max_num_queued_reqs") == 0
+    assert value(reg, "vllm:num_preemptions_total", **LAB) == 3
+    assert value(reg, "loadlens_sim_timing_error_seconds_sum") == 0.5
+    assert value(reg, "loadlens_sim_timing_error_seconds_count") == 2
+    assert value(reg, "loadlens_sim_schedule_slips_total") == 1

@@ -90,10 +90,6 @@ class StepCost:
     def total_seconds(self) -> float:
         return self.stall_seconds + self.overhead_seconds + self.busy_seconds
 
-    @property
-    def compute_bound(self) -> bool:
-        return self.compute_seconds >= self.memory_seconds
-
 
 # --- sizes --------------------------------------------------------------------------------------------------
 
@@ -220,30 +216,6 @@ def step_cost(model: ModelProfile, gpu: GPUProfile, shape: BatchShape, *, stall_
         stall_seconds=stall_seconds,
         flops=flops,
         bytes_moved=float(moved),
-    )
-
-
-def prefill_shape(prompt_tokens: int, *, cached_tokens: int = 0, images: int = 0) -> BatchShape:
-    """One sequence prefilling ``prompt_tokens`` (after ``cached_tokens`` prefix-cache hits) in one step."""
-    new = prompt_tokens - cached_tokens
-    return BatchShape(
-        num_tokens=new,
-        num_seqs=1,
-        num_sampled=1,
-        attn_pairs=attn_pairs(new, cached_tokens),
-        kv_read_tokens=cached_tokens,
-        images=images,
-    )
-
-
-def decode_shape(batch: int, context: int) -> BatchShape:
-    """``batch`` sequences each decoding one token after ``context`` cached tokens."""
-    return BatchShape(
-        num_tokens=batch,
-        num_seqs=batch,
-        num_sampled=batch,
-        attn_pairs=batch * attn_pairs(1, context),
-        kv_read_tokens=batch * context,
     )
 
 

@@ -24,256 +24,42 @@ Semantics follow vLLM V1's scheduler:
   blocks only, so it returns to 0 when the engine is idle, as vLLM's ``kv_cache_usage_perc`` does.
 """
 
-from __future__ import annotations
-
-import enum
-import heapq
 import math
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Iterable
 
+from exporters.serving.engines.sim.block_pool import BlockPool
 from exporters.serving.engines.sim.roofline import BLOCK_SIZE, BatchShape, LoraWork, attn_pairs
+from exporters.serving.engines.sim.sched_types import (
+    Adapter,
+    AdapterLoad,
+    Block,
+    Policy,
+    Reconfigured,
+    SchedRequest,
+    ScheduledBatch,
+    SchedulerConfig,
+    Status,
+    cdiv,
+)
+from exporters.serving.engines.sim.stats import SchedulerStats
+from exporters.serving.engines.sim.wait_queue import WaitQueue
 
-
-class Policy(enum.StrEnum):
-    FCFS = "fcfs"
-    PRIORITY = "priority"
-
-
-class Status(enum.IntEnum):
-    WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED = 3
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass(eq=False, slots=True)
-class Adapter:
-    """A registered LoRA adapter (what ``adapter_config.json`` says, sized for this model)."""
-
-    name: str
-    int_id: int
-    path: str
-    rank: int
-    alpha: float
-    target_modules: tuple[str, ...]
-    params: int
-    nbytes: int
-    registered: bool = True
-
-
-@dataclass(eq=False, slots=True)
-class SchedRequest:
-    request_id: str
-    prompt_len: int
-    priority: int = 0
-    arrival: float = 0.0
-    """When the request entered the engine (any clock, as long as ``schedule``'s cutoff uses the same)."""
-    seq: int = 0
-    """Arrival order; breaks priority ties and orders FCFS."""
-    block_hashes: tuple[int, ...] = ()
-    """Chained hashes of the full prompt blocks (empty without prefix caching)."""
-    lora: Adapter | None = None
-    images: int = 0
-    image_start: int = 0
-    """Index of the first image token (images follow the text)."""
-    owner: Any = None
-    """The engine's per-request state; the scheduler never looks inside."""
-    status: Status = Status.WAITING
-    num_computed: int = 0
-    num_output: int = 0
-    blocks_held: int = 0
-    cached_blocks: list[Block] = field(default_factory=list)
-    """Leading blocks registered in (or reused from) the prefix cache; the rest of ``blocks_held`` are
-    anonymous."""
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    scheduled_once: bool = False
-    vision_done: bool = False
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.num_output
-
-
-@dataclass(eq=False, slots=True)
-class Block:
-    hash: int
-    ref: int = 0
-
-
-class BlockPool:
-    """Counts blocks rather than naming them: only prefix-cached blocks need an identity."""
-
-    def __init__(self, num_blocks: int, *, enable_caching: bool = True) -> None:
-        self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
-        self.num_used = 0
-        self._cached: dict[int, Block] = {}
-        self._evictable: OrderedDict[int, Block] = OrderedDict()
-
-    @property
-    def num_free(self) -> int:
-        """Blocks an allocation may take: never used, or cached but unreferenced (evicted on demand)."""
-        return self.num_blocks - self.num_used
-
-    @property
-    def num_cached(self) -> int:
-        return len(self._cached)
-
-    def usage(self) -> float:
-        return self.num_used / self.num_blocks if self.num_blocks else 0.0
-
-    def lookup(self, hashes: tuple[int, ...], max_blocks: int) -> list[Block]:
-        hits: list[Block] = []
-        if not self.enable_caching:
-            return hits
-        for h in hashes[:max_blocks]:
-            block = self._cached.get(h)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
-
-    def touch(self, blocks: Iterable[Block]) -> None:
-        for block in blocks:
-            if block.ref == 0:
-                del self._evictable[block.hash]
-                self.num_used += 1
-            block.ref += 1
-
-    def allocate(self, n: int) -> bool:
-        if n > self.num_free:
-            return False
-        never_used = self.num_blocks - self.num_used - len(self._evictable)
-        for _ in range(n - never_used):
-            h, _block = self._evictable.popitem(last=False)
-            del self._cached[h]
-        self.num_used += n
-        return True
-
-    def promote(self, block_hash: int) -> Block | None:
-        """Register one of a request's anonymous (already counted) blocks under ``block_hash``."""
-        if not self.enable_caching or block_hash in self._cached:
-            return None
-        block = Block(block_hash, ref=1)
-        self._cached[block_hash] = block
-        return block
-
-    def release(self, req: SchedRequest) -> None:
-        self.num_used -= req.blocks_held - len(req.cached_blocks)
-        # Tail first, so a request's last blocks are evicted before its shared head.
-        for block in reversed(req.cached_blocks):
-            block.ref -= 1
-            if block.ref == 0:
-                self.num_used -= 1
-                self._evictable[block.hash] = block
-        req.blocks_held = 0
-        req.cached_blocks = []
-
-    def resize(self, num_blocks: int) -> None:
-        """Change the capacity; callers preempt first so that ``num_used`` fits."""
-        if self.num_used > num_blocks:
-            raise ValueError(f"{self.num_used} blocks in use do not fit in {num_blocks}")
-        self.num_blocks = num_blocks
-        while self.num_used + len(self._evictable) > num_blocks:
-            h, _block = self._evictable.popitem(last=False)
-            del self._cached[h]
-
-    def reset_cache(self, enable: bool) -> None:
-        """Forget unreferenced cached blocks (turning prefix caching off or on)."""
-        for h in list(self._evictable):
-            del self._cached[h]
-        self._evictable.clear()
-        self.enable_caching = enable
-
-
-class WaitQueue:
-    """FCFS deque or priority heap behind one interface."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self._fifo: deque[SchedRequest] = deque()
-        self._heap: list[tuple[int, int, SchedRequest]] = []
-
-    def __len__(self) -> int:
-        return len(self._heap) if self.policy is Policy.PRIORITY else len(self._fifo)
-
-    def __iter__(self) -> Iterator[SchedRequest]:
-        if self.policy is Policy.PRIORITY:
-            return iter([entry[2] for entry in sorted(self._heap, key=lambda e: (e[0], e[1]))])
-        return iter(self._fifo)
-
-    def unordered(self) -> Iterator[SchedRequest]:
-        """Every waiting request, cheaply, in no particular order."""
-        if self.policy is Policy.PRIORITY:
-            return (entry[2] for entry in self._heap)
-        return iter(self._fifo)
-
-    def add(self, req: SchedRequest) -> None:
-        if self.policy is Policy.PRIORITY:
-            heapq.heappush(self._heap, (req.priority, req.seq, req))
-        else:
-            self._fifo.append(req)
-
-    def add_front(self, req: SchedRequest) -> None:
-        """Preempted or skipped requests: FCFS puts them first; the heap orders them by key anyway."""
-        if self.policy is Policy.PRIORITY:
-            heapq.heappush(self._heap, (req.priority, req.seq, req))
-        else:
-            self._fifo.appendleft(req)
-
-    def peek(self) -> SchedRequest:
-        return self._heap[0][2] if self.policy is Policy.PRIORITY else self._fifo[0]
-
-    def pop(self) -> SchedRequest:
-        return heapq.heappop(self._heap)[2] if self.policy is Policy.PRIORITY else self._fifo.popleft()
-
-    def remove(self, req: SchedRequest) -> None:
-        if self.policy is Policy.PRIORITY:
-            self._heap = [e for e in self._heap if e[2] is not req]
-            heapq.heapify(self._heap)
-        else:
-            self._fifo.remove(req)
-
-
-@dataclass(slots=True)
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    enable_chunked_prefill: bool = True
-    policy: Policy = Policy.FCFS
-    max_loras: int = 1
-    max_cpu_loras: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class AdapterLoad:
-    adapter: Adapter
-    from_disk: bool
-    """The adapter was not in the host cache: it is read from storage too."""
-
-
-@dataclass(slots=True)
-class ScheduledBatch:
-    reqs: list[SchedRequest]
-    num_new: list[int]
-    shape: BatchShape
-    preempted: list[SchedRequest]
-    newly_scheduled: list[SchedRequest]
-    adapter_loads: list[AdapterLoad]
-    adapter_evictions: list[Adapter]
-    prefix_queries: int
-    prefix_hits: int
-
-    def __bool__(self) -> bool:
-        return bool(self.reqs)
+__all__ = [
+    "Adapter",
+    "AdapterLoad",
+    "Block",
+    "BlockPool",
+    "Policy",
+    "Reconfigured",
+    "SchedRequest",
+    "ScheduledBatch",
+    "Scheduler",
+    "SchedulerConfig",
+    "Status",
+    "WaitQueue",
+    "cdiv",
+]
 
 
 class Scheduler:
@@ -304,6 +90,38 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def earliest_arrival(self) -> float | None:
+        return min((r.arrival for r in self.waiting.unordered()), default=None)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(len(self.running), len(self.waiting), self.num_deferred, self.pool.usage())
+
+    def adapters_in_use(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Sorted names of the adapters of waiting requests and of running ones."""
+        waiting = sorted({r.lora.name for r in self.waiting.unordered() if r.lora is not None})
+        running = sorted({r.lora.name for r in self.running if r.lora is not None})
+        return tuple(waiting), tuple(running)
+
+    def reconfigure(self, config: SchedulerConfig, *, num_blocks: int, enable_prefix_caching: bool) -> Reconfigured:
+        """Apply new limits while requests are in flight, keeping every invariant they touch: the waiting queue
+        is re-ordered for a new policy; turning prefix caching off or on forgets unreferenced cached blocks; a
+        smaller cache preempts running requests (policy order) until the blocks in use fit; idle GPU slots
+        beyond ``max_loras`` are evicted (LRU first) and the host cache is trimmed to ``max_cpu_loras``.
+        Limits only bound what is admitted from now on: running requests are never dropped for them."""
+        cfg = self.config
+        cfg.max_num_seqs = config.max_num_seqs
+        cfg.max_num_batched_tokens = config.max_num_batched_tokens
+        cfg.enable_chunked_prefill = config.enable_chunked_prefill
+        cfg.max_loras = config.max_loras
+        cfg.max_cpu_loras = config.max_cpu_loras
+        self.set_policy(config.policy)  # before resizing: the policy picks the victims
+        if enable_prefix_caching != self.pool.enable_caching:
+            self.pool.reset_cache(enable_prefix_caching)
+        preempted = self.resize(num_blocks) if num_blocks != self.pool.num_blocks else []
+        evicted = self.shrink_gpu_slots()
+        self._trim_host_cache()
+        return Reconfigured(preempted, evicted)
 
     def set_policy(self, policy: Policy) -> None:
         if policy is self.config.policy:
@@ -541,11 +359,18 @@ class Scheduler:
         """Put an adapter in the host (CPU) cache; returns what the LRU bound pushed out."""
         self.cpu_adapters[adapter.name] = adapter
         self.cpu_adapters.move_to_end(adapter.name)
+        return self._trim_host_cache()
+
+    def _trim_host_cache(self) -> list[Adapter]:
         dropped: list[Adapter] = []
         while len(self.cpu_adapters) > self.config.max_cpu_loras:
             _, old = self.cpu_adapters.popitem(last=False)
             dropped.append(old)
         return dropped
+
+    def release_gpu_slot(self, adapter: Adapter) -> None:
+        """The device could not hold the adapter: empty its slot (its requests are the caller's to end)."""
+        self.gpu_adapters.pop(adapter.name, None)
 
     def forget_adapter(self, adapter: Adapter) -> list[Adapter]:
         """Unregister: leave the host cache now, the GPU slot once idle. Returns GPU slots freed now."""

@@ -19,6 +19,13 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters.serving.engine import FinishReason
+from exporters.serving.engines.sim.stats import (
+    FinishedRequestStats,
+    IterationStats,
+    LoraStats,
+    SchedulerStats,
+    StepStats,
+)
 from loadlens.contracts.buckets import (
     ENGINE_STEP_SECONDS,
     LORA_SWAP_BLOCKING,
@@ -226,39 +233,73 @@ class VllmMetrics:
         self.waiting_by_reason["capacity"].set(waiting - deferred)
         self.kv_usage.set(kv_usage)
 
-    def finished(
-        self,
-        reason: FinishReason,
-        *,
-        arrival: float,
-        queued: float,
-        scheduled: float,
-        first_token: float,
-        last_token: float,
-        prompt_tokens: int,
-        output_tokens: int,
-        max_tokens: int,
-        preemptions: int,
-        computed_prompt_tokens: int,
-    ) -> None:
+    def finished(self, f: FinishedRequestStats) -> None:
         """A request that finished normally (stop or length)."""
-        self.success[reason.value].inc()
-        e2e = last_token - arrival
-        ttft = first_token - arrival
+        self.success[f.reason.value].inc()
+        e2e = f.last_token - f.arrival
+        ttft = f.first_token - f.arrival
         self.e2e.observe(e2e)
-        self.queue.observe(scheduled - queued)
-        self.prefill.observe(first_token - scheduled)
-        self.decode.observe(last_token - first_token)
-        self.inference.observe(last_token - scheduled)
-        self.req_prompt.observe(prompt_tokens)
-        self.req_generation.observe(output_tokens)
-        self.req_max_generation.observe(output_tokens)
-        self.req_max_tokens.observe(max_tokens)
+        self.queue.observe(f.scheduled - f.queued)
+        self.prefill.observe(f.first_token - f.scheduled)
+        self.decode.observe(f.last_token - f.first_token)
+        self.inference.observe(f.last_token - f.scheduled)
+        self.req_prompt.observe(f.prompt_tokens)
+        self.req_generation.observe(f.output_tokens)
+        self.req_max_generation.observe(f.output_tokens)
+        self.req_max_tokens.observe(f.max_tokens)
         self.req_n.observe(1)
-        self.tpot.observe((e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else 0.0)
-        self.req_preemptions.observe(preemptions)
-        self.req_prefill_kv.observe(computed_prompt_tokens)
+        self.tpot.observe((e2e - ttft) / (f.output_tokens - 1) if f.output_tokens > 1 else 0.0)
+        self.req_preemptions.observe(f.preemptions)
+        self.req_prefill_kv.observe(f.computed_prompt_tokens)
 
     def ended_early(self, reason: FinishReason) -> None:
         """An aborted or failed request: counted, in no histogram (as vLLM)."""
         self.success[reason.value].inc()
+
+    # --- the stat logger: records from the engine ----------------------------------------------------------
+
+    def record_scheduler(self, stats: SchedulerStats, lora: LoraStats | None) -> None:
+        """``lora`` is None while no adapter is registered or in use: the info series then keeps its value."""
+        self.set_queue(stats.num_running, stats.num_waiting, stats.num_deferred, stats.kv_cache_usage)
+        if lora is not None:
+            self.set_lora_info(lora.max_loras, lora.waiting_adapters, lora.running_adapters)
+
+    def record_step(self, step: StepStats) -> None:
+        for source, seconds in step.adapter_loads:
+            self.adapter_loads[source].observe(seconds)
+        self.record_preemptions(step.num_preempted)
+        if step.prefix_queries:
+            self.prefix_queries.inc(step.prefix_queries)
+            self.prefix_hits.inc(step.prefix_hits)
+        self.step_duration.observe(step.duration_seconds)
+        self.batch_size.observe(step.num_seqs)
+
+    def record_iteration(self, it: IterationStats) -> None:
+        for seconds in it.time_to_first_tokens:
+            self.ttft.observe(seconds)
+        itl = self.itl.observe
+        for seconds in it.inter_token_latencies:
+            itl(seconds)
+        for finished in it.finished_requests:
+            self.finished(finished)
+        self.generation_tokens.inc(it.num_generation_tokens)
+        if it.num_prompt_tokens:
+            self.prompt_tokens.inc(it.num_prompt_tokens)
+        # Observed for every step, also one that only ran prefill chunks (0 tokens), as before.
+        self.iteration_tokens.observe(it.num_prompt_tokens + it.num_generation_tokens)
+
+    def record_preemptions(self, n: int) -> None:
+        if n:
+            self.preemptions.inc(n)
+
+    def record_rejection(self, reason: str) -> None:
+        self.rejections[reason].inc()
+
+    def record_adapter_load(self, source: str, seconds: float) -> None:
+        self.adapter_loads[source].observe(seconds)
+
+    def record_wakeup(self, late: float, *, slipped: bool) -> None:
+        """How late the loop woke against a deadline (clamped at 0), and whether it restarted its schedule."""
+        self.timing_error.observe(late if late > 0 else 0.0)
+        if slipped:
+            self.slips.inc()

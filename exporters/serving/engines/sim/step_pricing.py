@@ -1,0 +1,43 @@
+"""A planned step's instants on the loop's clock: the roofline cost of its batch, adapter activations that
+stall it first, the jitter factor and ``speed``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporters.serving.engines.sim import roofline
+from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
+from exporters.serving.engines.sim.roofline import StepCost
+from exporters.serving.engines.sim.sched_types import ScheduledBatch
+
+
+@dataclass(frozen=True, slots=True)
+class PricedStep:
+    cost: StepCost
+    """Modeled seconds (before jitter and ``speed``)."""
+    start: float
+    stall_end: float
+    """End of the adapter activations (the compute stream waits for them)."""
+    busy_start: float
+    """End of the host overhead: kernels run from here to ``end``."""
+    end: float
+    adapter_loads: tuple[tuple[str, float], ...]
+    """(source, wall seconds) of each activation: ``storage`` after a host-cache miss, else ``host``."""
+
+
+def price_step(
+    model: ModelProfile, gpu: GPUProfile, batch: ScheduledBatch, *, start: float, speed: float, factor: float
+) -> PricedStep:
+    """``factor`` scales every modeled second (jitter; 1.0 without); wall = modeled x factor / speed."""
+    stall = 0.0
+    loads: list[tuple[str, float]] = []
+    for load in batch.adapter_loads:
+        seconds = roofline.adapter_activate_seconds(gpu, load.adapter.nbytes, from_disk=load.from_disk)
+        stall += seconds
+        # Unjittered, as the old loop observed it.
+        loads.append(("storage" if load.from_disk else "host", seconds / speed))
+    cost = roofline.step_cost(model, gpu, batch.shape, stall_seconds=stall)
+    end = start + cost.total_seconds * factor / speed
+    stall_end = start + stall * factor / speed
+    busy_start = stall_end + cost.overhead_seconds * factor / speed
+    return PricedStep(cost, start, stall_end, busy_start, end, tuple(loads))
