@@ -16,27 +16,17 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from loadgen.metrics import DEFAULT_METRICS_PORT
+from loadgen.options import ENV_PREFIX, add_cli_option, default_run_id, http_url, locust_flag
+from loadgen.probe import TargetUnreachable, first_model
 from loadgen.profile import ProfileError, available_profiles, load_profile, resolve_profile_path
 from loadgen.results import RESULT_FILE
 from loadlens.contracts.slo import SLOConfigError, load_slos
-from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
-
-ENV_PREFIX = "LOADLENS_LOAD_"
+from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-
-
-def _url(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"must be an http(s) URL like http://127.0.0.1:8000, got {text!r}")
-    return text.rstrip("/")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,20 +42,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "RESULTS/RUN_ID/benchmark_result.json. See docs/loadgen.md."
         ),
     )
-    arg(p, "--profile", default="quick", help="packaged profile name (see --list-profiles) or a YAML path")
-    arg(p, "--host", type=_url, default="http://127.0.0.1:8000", help="target base URL")
-    arg(p, "--model", default=None, help="model to request (default: the first model the target lists)")
+    shared = functools.partial(add_cli_option, p, arg=arg)
+    shared("profile")
+    arg(p, "--host", type=http_url, default="http://127.0.0.1:8000", help="target base URL")
+    shared("model")
     arg(p, "--headless", action="store_true", help="no web UI; run the profile and exit")
-    arg(p, "--users-scale", type=positive_float, default=1.0, help="multiply users, rates and pools by F")
-    arg(p, "--time-scale", type=positive_float, default=1.0, help="multiply every stage duration by F")
-    arg(p, "--results", default="results", help="directory for run directories")
-    arg(p, "--run-id", default=None, help="run directory name (default: PROFILE-UTCTIMESTAMP)")
-    arg(p, "--prometheus", type=_url, default=None, help="Prometheus URL: add server-side figures per stage")
-    arg(p, "--seed", type=non_negative_int, default=None, help="prompt seed (default: the profile's)")
-    arg(p, "--slo-file", default=None, help="SLO file for goodput and breaches (default: packaged slos.yaml)")
-    arg(p, "--api-key", default=None, help="bearer token for the target; prefer the variable (flags show in ps)")
-    arg(p, "--metrics-port", type=port_number, default=DEFAULT_METRICS_PORT, help="/metrics port, 0 = off")
-    arg(p, "--metrics-host", default="127.0.0.1", help="/metrics bind address (0.0.0.0 in containers)")
+    for dest in ("users_scale", "time_scale", "results", "run_id", "prometheus", "seed", "slo_file", "api_key"):
+        shared(dest)
+    shared("metrics_port")
+    shared("metrics_host")
     arg(p, "--workers", type=non_negative_int, default=0, help="local Locust worker processes (0: one process)")
     arg(p, "--expect-workers", type=non_negative_int, default=0, help="run as master; wait for N remote workers")
     arg(p, "--master-host", default=None, help="run as a worker of the master at this host")
@@ -73,14 +58,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     arg(p, "--web-port", type=port_number, default=8089, help="Locust web UI port (without --headless)")
     arg(p, "--csv", action="store_true", help="also write Locust's CSV reports into the run directory")
     arg(p, "--html", action="store_true", help="also write Locust's HTML report into the run directory")
-    arg(
-        p,
-        "--cpu-threshold",
-        type=positive_float,
-        default=None,
-        help="load-generator CPU (1 = a core) above which results are invalid (default: SLO file, else 0.9)",
-    )
-    arg(p, "--progress-interval", type=float, default=5.0, help="seconds between progress lines, 0 = off")
+    shared("cpu_threshold")
+    shared("progress_interval")
     arg(
         p,
         "--log-level",
@@ -108,31 +87,9 @@ def _plan(profile: Any) -> str:
     return "\n".join(lines)
 
 
-def _probe(host: str, api_key: str | None) -> str:
-    """The target's first model; raises UsageError-free RuntimeError with a one-line reason when unreachable."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    base = host.removesuffix("/v1")
-    try:
-        response = httpx.get(base + "/v1/models", headers=headers, timeout=5.0)
-    except httpx.HTTPError as err:
-        raise RuntimeError(f"cannot reach target {host}: {err or type(err).__name__}") from err
-    if response.status_code != 200:
-        raise RuntimeError(f"target {host} answered GET /v1/models with HTTP {response.status_code}")
-    try:
-        models = response.json().get("data") or []
-    except ValueError as err:
-        raise RuntimeError(f"target {host}: /v1/models is not JSON") from err
-    base_models = [m for m in models if not m.get("parent")] or models
-    if not base_models:
-        raise RuntimeError(f"target {host} lists no models at /v1/models")
-    return str(base_models[0]["id"])
-
-
 def build_command(args: argparse.Namespace, profile_path: Path, model: str | None, run_id: str) -> list[str]:
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", args.host]
-    cmd += ["--load-profile", str(profile_path), "--users-scale", repr(args.users_scale)]
+    cmd += [locust_flag("profile"), str(profile_path), "--users-scale", repr(args.users_scale)]
     cmd += ["--time-scale", repr(args.time_scale), "--results", args.results, "--run-id", run_id]
     cmd += ["--metrics-port", str(args.metrics_port), "--metrics-host", args.metrics_host]
     cmd += ["--progress-interval", repr(args.progress_interval), "--loglevel", args.log_level]
@@ -207,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--master-host (worker mode) cannot be combined with --workers or --expect-workers")
     if args.workers and args.expect_workers:
         raise UsageError("use either --workers (local processes) or --expect-workers (remote workers)")
-    run_id = args.run_id or f"{profile.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    run_id = args.run_id or default_run_id(profile.name)
     if "/" in run_id or run_id in (".", ".."):
         raise UsageError(f"--run-id must be a plain directory name, got {run_id!r}")
     model = args.model
@@ -217,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.master_host:
         try:
-            detected = _probe(args.host, args.api_key)
-        except RuntimeError as err:
+            detected = first_model(args.host, args.api_key)
+        except TargetUnreachable as err:
             print(f"loadlens load: error: {err}", file=sys.stderr)
             return 1
         model = model or detected

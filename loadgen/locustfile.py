@@ -17,6 +17,7 @@ from typing import Any
 
 from locust import LoadTestShape, User, events, task
 from locust.env import Environment
+from locust.exception import RescheduleTask
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plain `locust -f` from anywhere
 
@@ -66,7 +67,8 @@ class LLMUser(User):
 
     @task
     def generate(self) -> None:
-        self.rt.run_request(self)
+        if not self.rt.run_request(self):
+            raise RescheduleTask()  # no valid open-loop slot: go through wait_time to claim one
 
 
 class ProfileShape(LoadTestShape):
@@ -83,4 +85,4 @@ class ProfileShape(LoadTestShape):
     """
 
     def tick(self) -> tuple[int, float] | None:
-        return runtime.runtime().tick()
+        return runtime.clock().tick()

@@ -21,6 +21,10 @@ from typing import Any, Literal
 
 import yaml
 
+# ProfileError is raised by everything here; callers import it from this module.
+from loadgen.profile_fields import ProfileError as ProfileError
+from loadgen.profile_fields import boolean, check_keys, integer, mapping, number, opt_number
+
 PROFILE_DIR = Path(__file__).with_name("profiles")
 SCHEMA_VERSION = 1
 
@@ -29,10 +33,6 @@ Arrival = Literal["constant", "poisson"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 """Stage and traffic names become Prometheus label values and file names: keep them short and plain."""
-
-
-class ProfileError(ValueError):
-    """A profile is missing, malformed or inconsistent. The message names the field and the reason."""
 
 
 @dataclass(frozen=True)
@@ -119,11 +119,6 @@ class Stage:
         """Locust users this stage needs: the closed-loop users, or the open-loop sender pool."""
         return self.max_concurrency if self.users is None else self.users
 
-    @property
-    def nominal_duration(self) -> float:
-        """The planned length: ``duration``, or for request-count stages the ``max_duration`` cap."""
-        return self.duration if self.duration is not None else self.max_duration
-
     def target(self) -> str:
         if self.open_loop:
             return f"{self.rate:g} req/s {self.arrival} (pool {self.max_concurrency})"
@@ -148,10 +143,6 @@ class Profile:
     def models(self) -> tuple[str, ...]:
         """Models named explicitly by traffic entries (the run's default model is added at run time)."""
         return tuple(dict.fromkeys(t.model for t in self.traffic if t.model))
-
-    @property
-    def planned_duration(self) -> float:
-        return sum(s.nominal_duration for s in self.stages)
 
     def scaled(self, *, users: float = 1.0, time: float = 1.0) -> Profile:
         """Users, open-loop rates and pools times ``users``; every duration times ``time``.
@@ -178,52 +169,7 @@ class Profile:
         )
 
 
-# --- parsing helpers ---------------------------------------------------------------------------------------
-
-
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ProfileError(f"{where}: must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(section) - allowed)
-    if unknown:
-        raise ProfileError(f"{where}.{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
-
-
-def _number(section: dict[str, Any], key: str, where: str, default: float | None = None, *, lo: float = 0.0) -> float:
-    value = section.get(key, default)
-    if value is None:
-        raise ProfileError(f"{where}.{key}: missing")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProfileError(f"{where}.{key}: must be a number, got {value!r}")
-    if value <= lo:
-        raise ProfileError(f"{where}.{key}: must be > {lo:g}, got {value!r}")
-    return float(value)
-
-
-def _opt_number(section: dict[str, Any], key: str, where: str, *, lo: float = 0.0) -> float | None:
-    return None if section.get(key) is None else _number(section, key, where, lo=lo)
-
-
-def _integer(section: dict[str, Any], key: str, where: str, default: int | None = None, *, lo: int = 1) -> int:
-    value = section.get(key, default)
-    if value is None:
-        raise ProfileError(f"{where}.{key}: missing")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ProfileError(f"{where}.{key}: must be an integer, got {value!r}")
-    if value < lo:
-        raise ProfileError(f"{where}.{key}: must be >= {lo}, got {value}")
-    return value
-
-
-def _bool(section: dict[str, Any], key: str, where: str, default: bool) -> bool:
-    value = section.get(key, default)
-    if not isinstance(value, bool):
-        raise ProfileError(f"{where}.{key}: must be true or false, got {value!r}")
-    return value
+# --- parsing -------------------------------------------------------------------------------------------------
 
 
 def _name(section: dict[str, Any], where: str) -> str:
@@ -236,14 +182,14 @@ def _name(section: dict[str, Any], where: str) -> str:
 def _length(value: Any, where: str) -> LengthDist:
     if isinstance(value, int) and not isinstance(value, bool):
         value = {"mean": value}
-    section = _mapping(value, where)
-    _check_keys(section, {"mean", "stdev", "min", "max"}, where)
-    mean = _number(section, "mean", where)
+    section = mapping(value, where)
+    check_keys(section, {"mean", "stdev", "min", "max"}, where)
+    mean = number(section, "mean", where)
     stdev = section.get("stdev", 0)
     if isinstance(stdev, bool) or not isinstance(stdev, int | float) or stdev < 0 or not math.isfinite(stdev):
         raise ProfileError(f"{where}.stdev: must be a number >= 0, got {stdev!r}")
-    lo = _integer(section, "min", where, 1)
-    hi = _integer(section, "max", where, 1_000_000)
+    lo = integer(section, "min", where, 1)
+    hi = integer(section, "max", where, 1_000_000)
     if lo > hi:
         raise ProfileError(f"{where}: min {lo} > max {hi}")
     if not lo <= mean <= hi:
@@ -252,8 +198,8 @@ def _length(value: Any, where: str) -> LengthDist:
 
 
 def _prompt(value: Any, where: str, base: Path | None) -> PromptSpec:
-    section = _mapping(value, where)
-    _check_keys(section, {"source", "tokens", "path"}, where)
+    section = mapping(value, where)
+    check_keys(section, {"source", "tokens", "path"}, where)
     source = section.get("source", "synthetic")
     if source == "synthetic":
         if "path" in section:
@@ -273,7 +219,7 @@ def _prompt(value: Any, where: str, base: Path | None) -> PromptSpec:
 
 
 def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None) -> Traffic:
-    section = {**defaults, **_mapping(value, where)}
+    section = {**defaults, **mapping(value, where)}
     allowed = {
         "name",
         "weight",
@@ -287,7 +233,7 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
         "images",
         "prefix",
     }
-    _check_keys(section, allowed, where)
+    check_keys(section, allowed, where)
     endpoint = section.get("endpoint", "chat")
     if endpoint not in ("chat", "completions"):
         raise ProfileError(f"{where}.endpoint: must be chat or completions, got {endpoint!r}")
@@ -307,12 +253,12 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
         raise ProfileError(f"{where}.temperature: must be a number in [0, 2], got {temperature!r}")
     images = Images()
     if section.get("images") is not None:
-        isec = _mapping(section["images"], f"{where}.images")
-        _check_keys(isec, {"count", "width", "height"}, f"{where}.images")
+        isec = mapping(section["images"], f"{where}.images")
+        check_keys(isec, {"count", "width", "height"}, f"{where}.images")
         images = Images(
-            count=_integer(isec, "count", f"{where}.images", 1, lo=0),
-            width=_integer(isec, "width", f"{where}.images", 512),
-            height=_integer(isec, "height", f"{where}.images", 512),
+            count=integer(isec, "count", f"{where}.images", 1, lo=0),
+            width=integer(isec, "width", f"{where}.images", 512),
+            height=integer(isec, "height", f"{where}.images", 512),
         )
         if images.width > 8192 or images.height > 8192:
             raise ProfileError(f"{where}.images: width and height must be <= 8192")
@@ -320,19 +266,19 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
             raise ProfileError(f"{where}.images: image parts need endpoint chat")
     prefix = None
     if section.get("prefix") is not None:
-        psec = _mapping(section["prefix"], f"{where}.prefix")
-        _check_keys(psec, {"count", "tokens"}, f"{where}.prefix")
-        prefix = Prefix(_integer(psec, "count", f"{where}.prefix", 1), _integer(psec, "tokens", f"{where}.prefix"))
+        psec = mapping(section["prefix"], f"{where}.prefix")
+        check_keys(psec, {"count", "tokens"}, f"{where}.prefix")
+        prefix = Prefix(integer(psec, "count", f"{where}.prefix", 1), integer(psec, "tokens", f"{where}.prefix"))
     return Traffic(
         name=_name(section, where),
-        weight=_number(section, "weight", where, 1.0),
+        weight=number(section, "weight", where, 1.0),
         endpoint=endpoint,
         model=model,
         priority=priority,
         prompt=prompt,
         output_tokens=None if from_dataset else _length(raw_out, f"{where}.output_tokens"),
         output_from_dataset=from_dataset,
-        ignore_eos=_bool(section, "ignore_eos", where, True),
+        ignore_eos=boolean(section, "ignore_eos", where, True),
         temperature=float(temperature),
         images=images,
         prefix=prefix,
@@ -355,7 +301,7 @@ _STAGE_KEYS = {
 
 
 def _stage(section: dict[str, Any], where: str) -> Stage:
-    _check_keys(section, _STAGE_KEYS, where)
+    check_keys(section, _STAGE_KEYS, where)
     name = _name(section, where)
     has_users, has_rate = section.get("users") is not None, section.get("rate") is not None
     if has_users == has_rate:
@@ -365,38 +311,38 @@ def _stage(section: dict[str, Any], where: str) -> Stage:
     arrival = section.get("arrival", "poisson")
     if arrival not in ("constant", "poisson"):
         raise ProfileError(f"{where}.arrival: must be constant or poisson, got {arrival!r}")
-    duration = _opt_number(section, "duration", where)
-    until = None if section.get("until_requests") is None else _integer(section, "until_requests", where)
+    duration = opt_number(section, "duration", where)
+    until = None if section.get("until_requests") is None else integer(section, "until_requests", where)
     if duration is None and until is None:
         raise ProfileError(f"{where}: set duration (seconds) or until_requests (completed requests), or both")
     return Stage(
         name=name,
-        warmup=_bool(section, "warmup", where, False),
-        users=_integer(section, "users", where) if has_users else None,
-        rate=_number(section, "rate", where) if has_rate else None,
+        warmup=boolean(section, "warmup", where, False),
+        users=integer(section, "users", where) if has_users else None,
+        rate=number(section, "rate", where) if has_rate else None,
         arrival=arrival,
-        max_concurrency=_integer(section, "max_concurrency", where, 256),
-        spawn_rate=_opt_number(section, "spawn_rate", where),
+        max_concurrency=integer(section, "max_concurrency", where, 256),
+        spawn_rate=opt_number(section, "spawn_rate", where),
         duration=duration,
         until_requests=until,
-        max_duration=_number(section, "max_duration", where, 600.0),
+        max_duration=number(section, "max_duration", where, 600.0),
     )
 
 
 def _expand_spikes(section: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """``spikes: {count, baseline, duration, factor}`` → baseline/spike/.../baseline stages."""
-    spikes = _mapping(section["spikes"], f"{where}.spikes")
-    _check_keys(spikes, {"count", "baseline", "duration", "factor"}, f"{where}.spikes")
+    spikes = mapping(section["spikes"], f"{where}.spikes")
+    check_keys(spikes, {"count", "baseline", "duration", "factor"}, f"{where}.spikes")
     if section.get("users") is None:
         raise ProfileError(f"{where}.spikes: needs a closed-loop stage (users)")
     for key in ("duration", "until_requests", "warmup"):
         if section.get(key) not in (None, False):
             raise ProfileError(f"{where}.{key}: not allowed with spikes (the spikes define the stage lengths)")
-    count = _integer(spikes, "count", f"{where}.spikes")
-    baseline = _number(spikes, "baseline", f"{where}.spikes")
-    spike_s = _number(spikes, "duration", f"{where}.spikes")
-    factor = _number(spikes, "factor", f"{where}.spikes")
-    users = _integer(section, "users", where)
+    count = integer(spikes, "count", f"{where}.spikes")
+    baseline = number(spikes, "baseline", f"{where}.spikes")
+    spike_s = number(spikes, "duration", f"{where}.spikes")
+    factor = number(spikes, "factor", f"{where}.spikes")
+    users = integer(section, "users", where)
     name = _name(section, where)
     rest = {k: v for k, v in section.items() if k not in ("spikes", "name", "users")}
     out: list[dict[str, Any]] = []
@@ -409,8 +355,8 @@ def _expand_spikes(section: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, sha256: str = "") -> Profile:
     """Validate a parsed YAML document. ``base`` resolves relative dataset paths."""
-    top = _mapping(doc, source)
-    _check_keys(
+    top = mapping(doc, source)
+    check_keys(
         top,
         {
             "version",
@@ -428,7 +374,7 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
     if top.get("version") != SCHEMA_VERSION:
         raise ProfileError(f"version: must be {SCHEMA_VERSION}, got {top.get('version')!r}")
     name = _name(top, "profile")
-    defaults = _mapping(top.get("defaults") or {}, "defaults")
+    defaults = mapping(top.get("defaults") or {}, "defaults")
     raw_traffic = top.get("traffic")
     if not isinstance(raw_traffic, list) or not raw_traffic:
         raise ProfileError("traffic: must be a non-empty list")
@@ -442,7 +388,7 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
     stages: list[Stage] = []
     for i, raw in enumerate(raw_stages):
         where = f"stages[{i}]"
-        section = _mapping(raw, where)
+        section = mapping(raw, where)
         expanded = _expand_spikes(section, where) if section.get("spikes") is not None else [section]
         stages.extend(_stage(s, where) for s in expanded)
     stage_names = [s.name for s in stages]
@@ -458,8 +404,8 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
         name=name,
         description=str(description).strip(),
         seed=seed,
-        request_timeout_s=_number(top, "request_timeout_s", "profile", 600.0),
-        stop_timeout_s=_number(top, "stop_timeout_s", "profile", 30.0, lo=-1e-9),
+        request_timeout_s=number(top, "request_timeout_s", "profile", 600.0),
+        stop_timeout_s=number(top, "stop_timeout_s", "profile", 30.0, lo=-1e-9),
         traffic=traffic,
         stages=tuple(stages),
         source=source,
