@@ -40,7 +40,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.server import GpuExporter, MetricsServer
-from exporters.gpu.sim import SimNvml, StaticSource, open_source
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import StaticSource, open_source
 from loadlens.contracts.device_state import DeviceState, UtilSample
 from tests.gpu.sim_example import example_state
 

@@ -174,7 +174,8 @@ def build_backend(args: argparse.Namespace) -> tuple[Nvml, str]:
             raise UsageError("--sim-faults needs the sim backend (--backend sim)")
         return Nvml(), "nvml"
     # Imported here: the sim backend needs pydantic, which a lean install on a GPU node may not have.
-    from exporters.gpu.sim import SimNvml, open_source
+    from exporters.gpu.sim import SimNvml
+    from exporters.gpu.sim_sources import open_source
 
     try:
         source = open_source(args.sim_url)

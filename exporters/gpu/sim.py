@@ -4,7 +4,7 @@
 argument order, units (mW, mJ, MHz, percent) and exceptions (``pynvml.NVMLError`` subclasses), so the
 collectors run the same code as on a real GPU. Fault injection (:mod:`exporters.gpu.faults`) lives here.
 
-Where the document comes from::
+Where the document comes from (:mod:`exporters.gpu.sim_sources`)::
 
     SimNvml(open_source("http://127.0.0.1:8000/sim/device-state"))  # the sim engine (GET ?since_us=N)
     SimNvml(open_source("/tmp/device-state.json"))                   # a file, re-read when it changes
@@ -17,22 +17,18 @@ document -> ``GpuIsLost``.
 
 from __future__ import annotations
 
-import http.client
-import os
 import threading
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import NamedTuple, NoReturn, Protocol
+from typing import NamedTuple, NoReturn
 
-import pydantic
 import pynvml
 
 from exporters.gpu.faults import Faults
 from exporters.gpu.nvml import CLOCK_EVENT_BITS
+from exporters.gpu.sim_sources import DocumentSource, SourceError
 from loadlens.contracts.device_state import DEVICE_STATE_VERSION, AllocatorState, DeviceState, SimDevice
 
 # Driver ring buffers hold a bounded number of samples; so does ours (per device).
@@ -41,120 +37,6 @@ SAMPLE_BUFFER = 8192  # > 60 s at the sim engine's 10 ms, so the first fetch kee
 _NOT_AVAILABLE_GI = 0xFFFFFFFF
 # The simulated device supports every clock-event reason NVML defines.
 _ALL_CLOCK_EVENT_REASONS = sum(CLOCK_EVENT_BITS.values())
-
-
-class SourceError(Exception):
-    """The device-state document could not be fetched or parsed."""
-
-
-class DocumentSource(Protocol):
-    def fetch(self, since_us: int) -> DeviceState:
-        """The current document; utilisation samples older than ``since_us`` may be left out."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class StaticSource:
-    """A fixed (or test-swappable) document."""
-
-    def __init__(self, state: DeviceState) -> None:
-        self.state = state
-        self.fail: Exception | None = None  # tests set this to simulate an unreachable engine
-
-    def fetch(self, since_us: int) -> DeviceState:
-        if self.fail is not None:
-            raise SourceError(str(self.fail))
-        return self.state
-
-    def close(self) -> None:
-        return None
-
-
-def parse_document(raw: bytes | str, where: str) -> DeviceState:
-    try:
-        return DeviceState.model_validate_json(raw)
-    except pydantic.ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise SourceError(f"{where}: invalid device-state document at {loc or '<root>'}: {first['msg']}") from err
-
-
-class FileSource:
-    """A JSON file, parsed again only when its mtime or size changes."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._stamp: tuple[int, int] | None = None
-        self._state: DeviceState | None = None
-
-    def fetch(self, since_us: int) -> DeviceState:
-        try:
-            st = self.path.stat()
-            stamp = (st.st_mtime_ns, st.st_size)
-            if self._state is None or stamp != self._stamp:
-                self._state = parse_document(self.path.read_bytes(), str(self.path))
-                self._stamp = stamp
-        except OSError as err:
-            raise SourceError(f"cannot read {self.path}: {err.strerror}") from err
-        return self._state
-
-    def close(self) -> None:
-        return None
-
-
-class HttpSource:
-    """``GET <url>?since_us=N`` over one kept-alive connection (the sim engine serves it with uvicorn)."""
-
-    def __init__(self, url: str, *, timeout: float = 2.0) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"not an http:// URL: {url!r}")
-        self.url = url
-        self._host = parts.hostname
-        self._port = parts.port or 80
-        self._path = parts.path or "/"
-        self._query = urllib.parse.parse_qsl(parts.query)
-        self._timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
-
-    def _get(self, since_us: int) -> bytes:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-        query = urllib.parse.urlencode([*self._query, ("since_us", str(since_us))])
-        self._conn.request("GET", f"{self._path}?{query}", headers={"Accept": "application/json"})
-        resp = self._conn.getresponse()
-        body = resp.read()
-        if resp.status != 200:
-            raise SourceError(f"GET {self.url}: HTTP {resp.status}")
-        return body
-
-    def fetch(self, since_us: int) -> DeviceState:
-        try:
-            body = self._get(since_us)
-        except (OSError, http.client.HTTPException) as first:
-            # A kept-alive connection the server has since closed fails once; retry on a fresh one.
-            self.close()
-            try:
-                body = self._get(since_us)
-            except (OSError, http.client.HTTPException) as err:
-                self.close()
-                raise SourceError(f"GET {self.url}: {err or type(err).__name__}") from first
-        return parse_document(body, self.url)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-def open_source(location: str) -> DocumentSource:
-    """An http(s) URL or a file path."""
-    if location.startswith(("http://", "https://")):
-        if location.startswith("https://"):
-            raise ValueError("https is not supported for --sim-url; the sim engine serves plain http on localhost")
-        return HttpSource(location)
-    return FileSource(location)
 
 
 # --- pynvml-shaped values ----------------------------------------------------------------------------

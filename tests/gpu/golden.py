@@ -14,7 +14,8 @@ from pathlib import Path
 from exporters.gpu.collectors import COLLECTORS
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.server import GpuExporter
-from exporters.gpu.sim import SimNvml, StaticSource
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import StaticSource
 from tests.gpu.sim_example import example_state
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "metrics.prom"

@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.session import Session
-from exporters.gpu.sim import SimNvml, StaticSource
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import StaticSource
 from loadlens.contracts.device_state import DeviceState
 from tests.gpu.sim_example import example_state
 

@@ -20,7 +20,8 @@ import pytest
 
 from exporters.gpu.cli import DEFAULT_SIM_URL, build_backend, parse_collectors
 from exporters.gpu.collectors import DEFAULT_COLLECTORS
-from exporters.gpu.sim import FileSource, HttpSource, SimNvml
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import FileSource, HttpSource
 from loadlens.cli import build_parser, main
 from loadlens.util.cliutil import UsageError
 from tests.gpu.golden import DOCUMENT

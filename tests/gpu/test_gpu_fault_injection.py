@@ -10,7 +10,8 @@ from exporters.gpu.collectors import DEFAULT_COLLECTORS
 from exporters.gpu.faults import parse_faults
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.server import GpuExporter
-from exporters.gpu.sim import SimNvml, StaticSource
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import StaticSource
 from tests.gpu.helpers import FakeClock, Scraped, default_state
 
 MODEL = "NVIDIA H100 80GB HBM3"

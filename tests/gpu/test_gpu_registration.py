@@ -18,7 +18,8 @@ from exporters.gpu.collectors.power import PowerCollector
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.registration import BuildContext, CollectorRegistrations
 from exporters.gpu.server import GpuExporter
-from exporters.gpu.sim import SimNvml, StaticSource
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import StaticSource
 from loadlens.util.cliutil import UsageError
 from tests.gpu.helpers import default_state
 

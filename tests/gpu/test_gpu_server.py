@@ -14,7 +14,8 @@ from exporters.gpu.collectors import DEFAULT_COLLECTORS
 from exporters.gpu.faults import parse_faults
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.server import GpuExporter, MetricsServer
-from exporters.gpu.sim import SimNvml, StaticSource
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import StaticSource
 from tests.gpu.helpers import default_state
 
 

@@ -14,7 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 import pynvml
 import pytest
 
-from exporters.gpu.sim import FileSource, HttpSource, SimHandle, SimNvml, SourceError, StaticSource, open_source
+from exporters.gpu.sim import SimHandle, SimNvml
+from exporters.gpu.sim_sources import FileSource, HttpSource, SourceError, StaticSource, open_source
 from loadlens.contracts.device_state import DeviceState, UtilSample
 from tests.gpu.helpers import FakeClock, MakeRig, SimRig, default_state
 from tests.gpu.sim_example import EXAMPLE_NOW_US, GIB, MIB, example_state

@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 from exporters.gpu.collectors import DEFAULT_COLLECTORS
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.server import GpuExporter
-from exporters.gpu.sim import SimNvml, open_source
+from exporters.gpu.sim import SimNvml
+from exporters.gpu.sim_sources import open_source
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.tracing import Tracing
