@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,6 +132,45 @@ def test_unreachable_upstream_is_503() -> None:
         assert r.status_code == 503
         assert "unreachable" in r.json()["error"]["message"]
         assert httpx.get(url + "/health").status_code == 503
+
+
+def test_upstream_status_whose_body_is_cut_off_is_forwarded_not_a_500() -> None:
+    """The upstream sends its error status, then drops the connection before the promised body."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    answered = threading.Event()
+
+    def upstream() -> None:
+        models = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode()
+        while not answered.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # the test closed the listener
+            with conn:
+                head = conn.recv(65536)
+                if head.startswith(b"GET /v1/models"):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(models), models))  # fmt: skip
+                    continue
+                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 400\r\n\r\n{\"error\": ")  # fmt: skip
+                answered.set()
+
+    thread = threading.Thread(target=upstream, daemon=True)
+    thread.start()
+    up = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    app = create_app(OpenAIProxyEngine(up), ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+    try:
+        with serve_app(app) as url:
+            r = httpx.post(url + CHAT, json=_chat(), timeout=10)
+        assert answered.is_set()
+        assert r.status_code == 500
+        assert r.json()["error"]["message"] == "upstream returned HTTP 500"
+    finally:
+        listener.close()
+        thread.join(timeout=5)
 
 
 def test_proxy_rejects_bad_upstream_url() -> None:

@@ -324,7 +324,10 @@ class OpenAIProxyEngine(Engine):
         except _UNREACHABLE as err:
             raise upstream_error(self.upstream, err) from err
         if response.status != 200:
-            raw = await response.read()
+            try:
+                raw = await response.read()
+            except _UNREACHABLE:
+                raw = b""  # the status arrived, its body did not: still the upstream's answer, not ours to 500
             response.release()
             raise upstream_error(
                 self.upstream, response.status, raw=raw, retry_after=response.headers.get("retry-after")
