@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -26,6 +27,33 @@ SUBCOMMANDS: dict[str, str] = {
     "stack": "loadlens.stack.cli",
     "report": "loadlens.report.cli",
 }
+
+
+# What each subcommand needs beyond the base install (the GPU exporter's), by install extra (pyproject.toml).
+# Checked after parsing (so --help always works) and before anything starts, so `loadlens serve` on a lean
+# install says which extra is missing instead of a traceback.
+REQUIRES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "serve": ("serve", ("fastapi", "starlette", "uvicorn", "opentelemetry", "aiohttp")),
+    "pager": ("serve", ("fastapi", "starlette", "uvicorn")),
+    "stack": ("serve", ("fastapi", "starlette", "uvicorn", "opentelemetry", "aiohttp")),
+    "load": ("load", ("locust", "gevent", "geventhttpclient", "hdrh")),
+    "report": ("report", ("matplotlib",)),
+}
+
+
+def _installed(package: str) -> bool:
+    if package in sys.modules:  # imported already, or blocked (None) as an uninstalled one would be
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+def missing_extra(command: str) -> str | None:
+    """The one-line reason when ``command`` lacks an optional package, or None when all are there."""
+    extra, packages = REQUIRES.get(command, ("", ()))
+    missing = [p for p in packages if not _installed(p)]
+    if not missing:
+        return None
+    return f"needs the {extra!r} extra ({', '.join(missing)} not installed): pip install 'loadlens[{extra}]'"
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -44,7 +72,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     only = args[0] if args and args[0] in SUBCOMMANDS else None
-    return dispatch(build_parser(only).parse_args(args))
+    parsed = build_parser(only).parse_args(args)
+    reason = missing_extra(parsed.command)
+    if reason is not None:
+        print(f"loadlens {parsed.command}: error: {reason}", file=sys.stderr)
+        return 2
+    return dispatch(parsed)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,9 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from loadlens.stack.runner import Stack, StackOptions
 from loadlens.util.cliutil import UsageError
@@ -71,11 +70,18 @@ def stream_one(url: str) -> None:
     }
     started = time.monotonic()
     first: float | None = None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
-        response.raise_for_status()
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        method="POST",
+    )
+    # urlopen raises HTTPError for a non-2xx answer; its response yields the SSE lines as they arrive.
+    with urllib.request.urlopen(request, timeout=60) as response:
         say("demo: one request, streamed token by token:")
         print("  ", end="")
-        for line in response.iter_lines():
+        for raw in response:
+            line = raw.decode("utf-8").rstrip("\r\n")
             if not line.startswith("data: {"):
                 continue
             text = json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
@@ -135,8 +141,9 @@ def _pages() -> list[dict[str, Any]]:
 
 def print_alerts(urls: dict[str, str]) -> None:
     try:
-        alerts = httpx.get(urls["alertmanager"] + "/api/v2/alerts", timeout=5).json()
-    except httpx.HTTPError as err:
+        with urllib.request.urlopen(urls["alertmanager"] + "/api/v2/alerts", timeout=5) as response:
+            alerts = json.loads(response.read())
+    except (OSError, ValueError) as err:  # URLError and HTTPError are OSErrors
         say(f"\nAlerts: Alertmanager did not answer ({err})")
         alerts = []
     # A page follows its alert by Alertmanager's group wait (5 s for critical): give it that long.
@@ -170,7 +177,7 @@ def main() -> int:
     say(f"demo: stack up; server {urls['serve']}, Prometheus {urls['prometheus']}")
     try:
         stream_one(urls["serve"])
-    except httpx.HTTPError as err:
+    except OSError as err:  # URLError, HTTPError, a timeout or a reset
         say(f"demo: the server did not answer: {err}")
         stack.down()
         return 1

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.paths import ROOT
 
 BASE = ("loadlens.contracts", "loadlens.util")
@@ -134,3 +136,32 @@ def test_gpu_exporter_command_imports_no_serving_or_load_stack() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "HEAVY []"
+
+
+@pytest.mark.parametrize(
+    ("blocked", "argv", "extra"),
+    [
+        ("fastapi", ["serve", "--engine", "sim"], "serve"),
+        ("locust", ["load", "--profile", "quick", "--host", "http://127.0.0.1:9"], "load"),
+        ("matplotlib", ["report", "--results", "x.json", "--out", "y"], "report"),
+        ("matplotlib", ["report", "--help"], None),  # --help needs no chart library
+        ("fastapi", ["gpu-exporter", "--help"], None),  # the base install's own command
+    ],
+)
+def test_a_missing_extra_is_named_in_one_line(blocked: str, argv: list[str], extra: str | None) -> None:
+    """On the base install (the GPU exporter's) a subcommand that needs an extra says which, and exits 2."""
+    code = (
+        "import sys\n"
+        f"sys.modules[{blocked!r}] = None  # import of it now fails as if it were not installed\n"
+        "from loadlens.cli import main\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    if extra is None:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"loadlens {argv[0]}: error: needs the {extra!r} extra ({blocked} not installed): "
+        f"pip install 'loadlens[{extra}]'\n"
+    )
