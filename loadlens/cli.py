@@ -64,8 +64,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in SUBCOMMANDS.items():
-        if only is None or name == only:
-            importlib.import_module(module_name).register(sub)
+        if only is not None and name != only:
+            continue
+        reason = missing_extra(name)
+        if reason is not None:
+            # Its module may not even import without the extra: list it, and say why when it is asked for.
+            stub = sub.add_parser(name, help=f"({reason})", add_help=False, prefix_chars="\0")
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            continue
+        importlib.import_module(module_name).register(sub)
     return parser
 
 
