@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from exporters.gpu.collector import GpuExporterCollector
@@ -35,6 +34,13 @@ from exporters.gpu.nvml import Nvml
 from exporters.gpu.registration import BuildContext, CollectorRegistrations
 from exporters.gpu.sampler import Sampler
 from exporters.gpu.session import Session
+from loadlens.util.exposition import (
+    OPENMETRICS,
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    negotiate,
+    openmetrics_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +140,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            accept = self.headers.get("Accept", "")
             exporter = self.server.exporter
-            if "application/openmetrics-text" in accept and "text/plain" not in accept:
-                encoder, content_type = choose_encoder(accept)
+            # Prometheus lists text 0.0.4 in its Accept header; the fast encoder writes it. No exemplars here,
+            # so OpenMetrics only for a client that asks for nothing else.
+            if negotiate(self.headers.get("Accept"), prefer_text=True) == OPENMETRICS:
                 with exporter.scrape_lock:
-                    body = encoder(exporter.registry)
+                    body, content_type = openmetrics_bytes(exporter.registry), OPENMETRICS_CONTENT_TYPE
             else:
-                # Prometheus lists text 0.0.4 in its Accept header; the fast encoder writes it.
-                body, content_type = exporter.scrape(), CONTENT_TYPE_PLAIN_0_0_4
+                body, content_type = exporter.scrape(), TEXT_CONTENT_TYPE
             self._send(200, content_type, body)
         elif path == "/health":
             status, doc = self.server.exporter.health()

@@ -20,9 +20,18 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 def wants_openmetrics(accept: str | None) -> bool:
     """Whether an Accept header accepts OpenMetrics (any ``application/openmetrics-text`` with q > 0)."""
+    return _accepted(accept, "application/openmetrics-text")
+
+
+TEXT = "text"
+OPENMETRICS = "openmetrics"
+
+
+def _accepted(accept: str | None, media_type: str) -> bool:
+    """Whether the Accept header lists ``media_type`` with q > 0 (a missing q is 1)."""
     for part in (accept or "").split(","):
         fields = [f.strip() for f in part.split(";")]
-        if fields[0] != "application/openmetrics-text":
+        if fields[0] != media_type:
             continue
         q = next((f[2:] for f in fields[1:] if f.startswith("q=")), "1")
         try:
@@ -31,6 +40,27 @@ def wants_openmetrics(accept: str | None) -> bool:
         except ValueError:
             continue
     return False
+
+
+def negotiate(accept: str | None, *, prefer_text: bool = False) -> str:
+    """The one content negotiation of every loadlens /metrics: :data:`OPENMETRICS` or :data:`TEXT`.
+
+    OpenMetrics when the client accepts it (Prometheus always does, and the serving layer needs it for its
+    exemplars). ``prefer_text``: a server without exemplars and with a faster text encoder (the GPU exporter)
+    answers text whenever the client accepts text too, and OpenMetrics only to a client that asks for nothing
+    else.
+    """
+    if not _accepted(accept, "application/openmetrics-text"):
+        return TEXT
+    if prefer_text and _accepted(accept, "text/plain"):
+        return TEXT
+    return OPENMETRICS
+
+
+def openmetrics_bytes(registry: CollectorRegistry) -> bytes:
+    """OpenMetrics 1.0.0 with colon names intact (see the module docstring)."""
+    body: bytes = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)  # type: ignore[no-untyped-call]
+    return body
 
 
 def render(
@@ -48,7 +78,6 @@ def render(
         body, content_type = render(registry, request.headers.get("accept"))   # Starlette
         body, content_type = render(registry, self.headers.get("Accept"))      # http.server handler
     """
-    if wants_openmetrics(accept):
-        body: bytes = openmetrics.generate_latest(registry, escaping=openmetrics.ALLOWUTF8)  # type: ignore[no-untyped-call]
-        return body, OPENMETRICS_CONTENT_TYPE
+    if negotiate(accept) == OPENMETRICS:
+        return openmetrics_bytes(registry), OPENMETRICS_CONTENT_TYPE
     return text_encoder(registry), TEXT_CONTENT_TYPE

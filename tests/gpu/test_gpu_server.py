@@ -65,9 +65,17 @@ def test_metrics(base_url: str) -> None:
 
 def test_metrics_openmetrics(base_url: str) -> None:
     status, ctype, body = get(f"{base_url}/metrics", accept="application/openmetrics-text; version=1.0.0")
-    assert status == 200
-    assert ctype.startswith("application/openmetrics-text")
+    assert (status, ctype) == (200, "application/openmetrics-text; version=1.0.0; charset=utf-8")
     assert body.endswith("# EOF\n")
+    assert "loadlens_gpu_nvml_up 1.0" in body
+
+
+def test_prometheus_scrape_header_gets_the_fast_text_format(base_url: str) -> None:
+    """Prometheus accepts both; without exemplars the exporter answers text, from its fast encoder."""
+    accept = "application/openmetrics-text;version=1.0.0;q=0.6,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+    status, ctype, body = get(f"{base_url}/metrics", accept=accept)
+    assert (status, ctype) == (200, "text/plain; version=0.0.4; charset=utf-8")
+    assert "# EOF" not in body and "loadlens_gpu_nvml_up 1.0" in body
 
 
 def test_health_ok(base_url: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from loadlens.util.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, render, wants_openmetrics
+from loadlens.util.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, negotiate, render, wants_openmetrics
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -82,3 +82,28 @@ def test_text_encoder_is_used_for_text_only() -> None:
     assert content_type == OPENMETRICS_CONTENT_TYPE
     assert b"c_total 1.0\n" in body and body.endswith(b"# EOF\n")
     assert seen == [registry]
+
+
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;"
+    "version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+@pytest.mark.parametrize(
+    ("accept", "default", "text_first"),
+    [
+        (None, "text", "text"),
+        ("", "text", "text"),
+        ("*/*", "text", "text"),
+        ("text/plain; version=0.0.4", "text", "text"),
+        (PROMETHEUS_ACCEPT, "openmetrics", "text"),  # Prometheus 3's scrape header
+        ("application/openmetrics-text; version=1.0.0", "openmetrics", "openmetrics"),
+        ("application/openmetrics-text; q=0, text/plain", "text", "text"),
+        ("application/openmetrics-text, text/plain; q=0", "openmetrics", "openmetrics"),
+        ("application/openmetrics-text; q=bad", "text", "text"),
+    ],
+)
+def test_negotiate(accept: str | None, default: str, text_first: str) -> None:
+    assert negotiate(accept) == default
+    assert negotiate(accept, prefer_text=True) == text_first
