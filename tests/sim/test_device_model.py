@@ -11,7 +11,7 @@ from exporters.serving.engines.sim.device import SimulatedGPU, round_alloc
 from exporters.serving.engines.sim.device_model import DeviceModel, roofline_intensity
 from exporters.serving.engines.sim.knobs import Knobs
 from exporters.serving.engines.sim.roofline import StepCost
-from exporters.serving.engines.sim.scheduler import Adapter
+from exporters.serving.engines.sim.sched_types import Adapter
 from tests.sim.roofline_shapes import decode_shape
 
 LLAMA = load_model_profile("deepseek-r1-distill-llama-8b")

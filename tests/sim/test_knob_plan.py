@@ -10,7 +10,7 @@ from exporters.serving.engine import EngineError
 from exporters.serving.engines.sim import load_gpu_profile, load_model_profile, roofline
 from exporters.serving.engines.sim.knob_plan import plan_change, scheduler_config, startup_state
 from exporters.serving.engines.sim.kv_sizing import cache_config_info
-from exporters.serving.engines.sim.scheduler import Policy, SchedulerConfig
+from exporters.serving.engines.sim.sched_types import Policy, SchedulerConfig
 
 TINY = load_model_profile("tiny")
 H100 = load_gpu_profile("h100-sxm")

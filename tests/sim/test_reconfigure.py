@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from exporters.serving.engines.sim.scheduler import Policy, Scheduler, SchedulerConfig, Status
+from exporters.serving.engines.sim.sched_types import Policy, SchedulerConfig, Status
+from exporters.serving.engines.sim.scheduler import Scheduler
 from tests.sim.test_scheduler import adapter, req, sched, step
 
 

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from exporters.serving.engines.sim.scheduler import (
-    Adapter,
-    BlockPool,
-    Policy,
-    SchedRequest,
-    Scheduler,
-    SchedulerConfig,
-    Status,
-)
+from exporters.serving.engines.sim.block_pool import BlockPool
+from exporters.serving.engines.sim.sched_types import Adapter, Policy, SchedRequest, SchedulerConfig, Status
+from exporters.serving.engines.sim.scheduler import Scheduler
 
 
 def sched(blocks: int = 1000, **cfg: object) -> Scheduler:

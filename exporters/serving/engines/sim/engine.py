@@ -60,7 +60,8 @@ from exporters.serving.engines.sim.live_request import (
 )
 from exporters.serving.engines.sim.lora_adapters import AdapterRegistry
 from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
-from exporters.serving.engines.sim.scheduler import Adapter, SchedRequest, Scheduler
+from exporters.serving.engines.sim.sched_types import Adapter, SchedRequest
+from exporters.serving.engines.sim.scheduler import Scheduler
 from exporters.serving.engines.sim.stats import LoraStats, StepStats
 from exporters.serving.engines.sim.step_pricing import price_step
 from exporters.serving.engines.sim.stream import SimStream

@@ -16,7 +16,7 @@ from exporters.serving.engine import EngineError, ErrorKind
 from exporters.serving.engines.sim.knobs import STARTUP_ONLY, Knobs, coerce, merge
 from exporters.serving.engines.sim.kv_sizing import blocks_for, require_kv_room
 from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile, ProfileError
-from exporters.serving.engines.sim.scheduler import Policy, SchedulerConfig
+from exporters.serving.engines.sim.sched_types import Policy, SchedulerConfig
 
 
 @dataclass(frozen=True, slots=True)

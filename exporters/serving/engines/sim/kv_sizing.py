@@ -8,7 +8,7 @@ from exporters.serving.engines.sim import roofline
 from exporters.serving.engines.sim.knobs import Knobs
 from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile, ProfileError
 from exporters.serving.engines.sim.roofline import BLOCK_SIZE
-from exporters.serving.engines.sim.scheduler import cdiv
+from exporters.serving.engines.sim.sched_types import cdiv
 
 
 def require_kv_room(model: ModelProfile, gpu: GPUProfile, k: Knobs) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from exporters.serving.engine import FinishReason, GenerationRequest, OutputEvent
 from exporters.serving.engines.sim.roofline import BLOCK_SIZE
-from exporters.serving.engines.sim.scheduler import SchedRequest
+from exporters.serving.engines.sim.sched_types import SchedRequest
 from exporters.serving.engines.sim.stats import FinishedRequestStats, IterationStats
 from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.tokenizer import WORD_BITS, stable_seed

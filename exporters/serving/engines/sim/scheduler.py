@@ -33,7 +33,6 @@ from exporters.serving.engines.sim.roofline import BLOCK_SIZE, BatchShape, LoraW
 from exporters.serving.engines.sim.sched_types import (
     Adapter,
     AdapterLoad,
-    Block,
     Policy,
     Reconfigured,
     SchedRequest,
@@ -44,22 +43,6 @@ from exporters.serving.engines.sim.sched_types import (
 )
 from exporters.serving.engines.sim.stats import SchedulerStats
 from exporters.serving.engines.sim.wait_queue import WaitQueue
-
-__all__ = [
-    "Adapter",
-    "AdapterLoad",
-    "Block",
-    "BlockPool",
-    "Policy",
-    "Reconfigured",
-    "SchedRequest",
-    "ScheduledBatch",
-    "Scheduler",
-    "SchedulerConfig",
-    "Status",
-    "WaitQueue",
-    "cdiv",
-]
 
 
 class Scheduler:
