@@ -22,7 +22,7 @@ from typing import Any
 from loadgen.options import ENV_PREFIX, add_cli_option, default_run_id, http_url, locust_flag
 from loadgen.probe import TargetUnreachable, first_model
 from loadgen.profile import ProfileError, available_profiles, load_profile, resolve_profile_path
-from loadgen.results import RESULT_FILE
+from loadlens.contracts.results import RESULT_FILE
 from loadlens.contracts.slo import SLOConfigError, load_slos
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number
 

@@ -26,9 +26,6 @@ from loadgen.store import Series, Store
 from loadlens.contracts.results import RESULT_FILE, SCHEMA, SCHEMA_VERSION, BenchmarkResult
 from loadlens.contracts.slo import SLOConfig
 
-__all__ = ["RESULT_FILE", "StageWindow", "build_result", "write_result"]
-
-
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 LATENCIES: tuple[tuple[str, str], ...] = (
     ("ttft", "ttft"),

@@ -69,10 +69,11 @@ def _window(args: argparse.Namespace, results_start: float | None, results_end: 
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlens.contracts.results import ResultsError
     from loadlens.contracts.slo import SLOConfigError, load_slos
     from loadlens.dashboards.catalog import dashboards
     from loadlens.report.queries import parse_duration
-    from loadlens.report.results import ResultsError, load_results
+    from loadlens.report.results import load_results
     from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
 
     results: Results | None = None

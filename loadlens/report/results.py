@@ -11,8 +11,6 @@ from typing import Any
 from loadlens.contracts.results import ResultsError, ServerFigures, parse_result
 from loadlens.report.queries import Stage
 
-__all__ = ["Results", "ResultsError", "StageRow", "load_results", "parse_results"]
-
 
 @dataclass(frozen=True)
 class StageRow:

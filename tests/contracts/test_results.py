@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,10 +76,3 @@ def test_docs_name_every_key() -> None:
     assert missing == []
     for infix in ("ttft", "tpot", "itl", "e2el", "chunk_itl", "dispatch_lag"):
         assert infix in text
-
-
-def test_the_writer_and_the_model_share_the_schema_constants() -> None:
-    from loadgen import results as writer
-
-    assert (writer.SCHEMA, writer.SCHEMA_VERSION, writer.RESULT_FILE) == (R.SCHEMA, R.SCHEMA_VERSION, R.RESULT_FILE)
-    assert Path(R.RESULT_FILE).name == "benchmark_result.json"

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from loadgen.metrics import bucket_bounds
 from loadgen.profile import parse_profile
 from loadgen.record import RequestRecord
-from loadgen.results import RESULT_FILE, StageWindow, build_result, jain_index, pkey, write_result
+from loadgen.results import StageWindow, build_result, jain_index, pkey, write_result
 from loadgen.store import Store
+from loadlens.contracts.results import RESULT_FILE, parse_result
 from loadlens.contracts.slo import load_slos
 
 SLOS = load_slos()
@@ -129,3 +131,20 @@ def test_written_file_is_strict_json(tmp_path: Path) -> None:
     assert loaded["schema"] == "loadlens.benchmark_result" and loaded["schema_version"] == 1
     assert loaded["stages"][0]["mean_dispatch_lag_ms"] is None  # no NaN in the file: nulls
     assert [r["stage"] for r in loaded["summary_table"]] == ["s1"]
+
+
+def test_the_written_document_is_the_typed_model() -> None:
+    """What build_result writes parses as the contract's model, figure for figure."""
+    doc = build()
+    result = parse_result(json.loads(json.dumps(doc)))
+    assert result.model_dump(by_alias=True, exclude_unset=True) == doc
+    assert result.stages[1].p99_9_ttft_ms == doc["stages"][1]["p99.9_ttft_ms"]
+
+
+def test_a_key_the_model_does_not_declare_is_refused_at_write_time() -> None:
+    """A writer that adds a key without declaring (and documenting) it fails at once, not in a reader."""
+    with pytest.raises(ValidationError, match=r"run\.hostnme\n  Extra inputs are not permitted"):
+        build_result(
+            run={"run_id": "r", "hostnme": "typo"}, profile=PROFILE, slos=SLOS, store=Store(bucket_bounds(SLOS)),
+            windows=[], validity={"results_valid": True},
+        )  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from loadlens.contracts.results import ResultsError
 from loadlens.contracts.slo import load_slos
 from loadlens.dashboards.catalog import dashboards
 from loadlens.report.charts import drop_all_zero, render, unit_for
@@ -27,7 +28,7 @@ from loadlens.report.queries import (
     step_for,
     to_series,
 )
-from loadlens.report.results import ResultsError, load_results, parse_results
+from loadlens.report.results import load_results, parse_results
 
 FIXTURE = Path(__file__).with_name("fixtures") / "benchmark_result.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
