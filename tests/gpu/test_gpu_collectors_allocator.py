@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from exporters.gpu.allocator import AllocatorReading, reading_from_state
+from exporters.gpu.allocator import reading_from_state
 from exporters.gpu.collectors.allocator import AllocatorCollector
+from loadlens.contracts.allocator_math import AllocatorReading
 from tests.gpu.helpers import MakeRig, Scraped, SimRig
 
 L0 = {"gpu": "0", "uuid": "GPU-5e1f0000-0000-4000-8000-000000000000", "model": "NVIDIA H100 80GB HBM3"}

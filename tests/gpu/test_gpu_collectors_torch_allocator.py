@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporters.gpu.allocator import reading_from_torch
 from exporters.gpu.collectors.torch_allocator import TorchAllocatorCollector
+from loadlens.contracts.allocator_math import reading_from_torch
 from tests.gpu.helpers import Scraped
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"

@@ -11,9 +11,10 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client.core import Metric
 
-from exporters.gpu.allocator import AllocatorReading, allocator_families, reading_from_state
+from exporters.gpu.allocator import allocator_families, reading_from_state
 from exporters.gpu.collector import GpuCollector, Scrape
 from exporters.gpu.registration import BuildContext, register_collector
+from loadlens.contracts.allocator_math import AllocatorReading
 
 
 class AllocatorCollector(GpuCollector):

@@ -25,8 +25,9 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
-from exporters.gpu.allocator import AllocatorReading, allocator_families, reading_from_torch
+from exporters.gpu.allocator import allocator_families
 from exporters.gpu.collector import PREFIX
+from loadlens.contracts.allocator_math import AllocatorReading, reading_from_torch
 
 log = logging.getLogger(__name__)
 
