@@ -25,6 +25,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.dashboards": BASE,
     "exporters.serving": BASE,
     "exporters.gpu": BASE,
+    "exporters.probe": BASE,
     "loadgen": BASE,
     "loadlens.pager": BASE,
     "loadlens.stack": (*BASE, "loadlens.alerting"),

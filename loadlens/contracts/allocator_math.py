@@ -151,7 +151,9 @@ def parse_alloc_conf(text: str) -> dict[str, str]:
     >>> parse_alloc_conf("roundup_power2_divisions:[256:1,512:2],backend:native")
     {'roundup_power2_divisions': '[256:1,512:2]', 'backend': 'native'}
     """
-    items, depth, current = [], 0, []
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:  # commas inside [...] belong to the value (roundup_power2_divisions)
         depth += (ch == "[") - (ch == "]")
         if ch == "," and depth <= 0:
