@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,7 @@ from exporters.serving.engine import (
     RequestStream,
     RequestTiming,
 )
+from exporters.serving.swap_windows import SwapWindows, progress_marks
 from loadlens.util import sse
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -91,7 +93,13 @@ def _error_message(body: Mapping[str, Any] | None, status: int, raw: bytes) -> s
 
 
 class _ProxyStream(RequestStream):
-    def __init__(self, response: aiohttp.ClientResponse, request: GenerationRequest, upstream: str) -> None:
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        request: GenerationRequest,
+        upstream: str,
+        windows: SwapWindows | None = None,
+    ) -> None:
         self.request_id = request.request_id
         self._upstream = upstream
         self.timing = RequestTiming()
@@ -105,6 +113,8 @@ class _ProxyStream(RequestStream):
         self._finished = False
         self._closed = False
         self._lines = response.content.__aiter__()
+        self._windows = windows if windows is not None else SwapWindows()
+        self._marks = progress_marks(request.arrival_time)  # admission, then each token chunk's arrival
 
     async def __anext__(self) -> OutputEvent:
         while True:
@@ -127,6 +137,8 @@ class _ProxyStream(RequestStream):
                 raise StopAsyncIteration
             event = self._parse(payload)
             if event is not None:
+                if event.new_tokens or event.finish_reason is not None:
+                    self._marks.append(time.monotonic())
                 return event
 
     def _parse(self, payload: bytes) -> OutputEvent | None:
@@ -242,6 +254,7 @@ class _ProxyStream(RequestStream):
         if self._closed:
             return
         self._closed = True
+        self.timing.lora_blocked_seconds += self._windows.blocked(self._marks)  # before finish_ok reads it
         # Closing (not releasing) the connection tells the upstream to abort the request, as a client
         # disconnect would; vLLM frees the slot and KV blocks on that.
         if not self._finished:
@@ -263,6 +276,7 @@ class OpenAIProxyEngine(Engine):
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 600.0,
         max_connections: int = 0,
+        swap_windows: SwapWindows | None = None,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise ValueError(f"upstream must be an http(s) URL, got {upstream!r}")
@@ -275,6 +289,7 @@ class OpenAIProxyEngine(Engine):
         self._session: aiohttp.ClientSession | None = None
         self._streams: dict[str, _ProxyStream] = {}
         self._cards: list[ModelCard] = []
+        self.swap_windows = swap_windows if swap_windows is not None else SwapWindows()  # load/unload calls, timed
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300, enable_cleanup_closed=True)
@@ -332,7 +347,7 @@ class OpenAIProxyEngine(Engine):
             raise upstream_error(
                 self.upstream, response.status, raw=raw, retry_after=response.headers.get("retry-after")
             )
-        stream = _ProxyStream(response, request, self.upstream)
+        stream = _ProxyStream(response, request, self.upstream, self.swap_windows)
         self._streams[request.request_id] = stream
         stream.timing.queued = asyncio.get_running_loop().time()
         return _Tracked(stream, self._streams)
@@ -386,10 +401,12 @@ class OpenAIProxyEngine(Engine):
             raise upstream_error(self.upstream, err) from err
 
     async def load_adapter(self, lora: LoRARequest) -> None:
-        await self._post_admin("/v1/load_lora_adapter", {"lora_name": lora.lora_name, "lora_path": lora.lora_path})
+        body = {"lora_name": lora.lora_name, "lora_path": lora.lora_path}
+        await self.swap_windows.timed(lora.lora_name, "load", self._post_admin("/v1/load_lora_adapter", body))
 
     async def unload_adapter(self, lora_name: str) -> None:
-        await self._post_admin("/v1/unload_lora_adapter", {"lora_name": lora_name})
+        call = self._post_admin("/v1/unload_lora_adapter", {"lora_name": lora_name})
+        await self.swap_windows.timed(lora_name, "unload", call)
 
     def knobs(self) -> dict[str, Any]:
         return {"upstream": self.upstream}
