@@ -1,0 +1,188 @@
+"""The hooks into vLLM internals: what each patches, the wrappers, and how one is applied or refused.
+
+A wrapper calls vLLM's function exactly once with the same arguments and returns its value or lets its
+exception pass untouched; everything it adds runs after that call or in a ``try`` that logs and goes on."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from exporters.vllm_plugin import versions
+from exporters.vllm_plugin.state import LOG, STATE, ProbeLike
+
+MARK = "__loadlens_hook__"
+Func = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Patch:
+    qualname: str  # Class.method inside the hook's module
+    positional: int  # arguments besides self that vLLM passes
+    wrap: Callable[[Func], Func]
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    module: str
+    patches: tuple[Patch, ...]
+
+
+def _now() -> tuple[float, float] | None:
+    try:
+        return STATE.wall(), STATE.mono()
+    except Exception as exc:
+        STATE.failed("clock", exc)
+        return None
+
+
+def _wrap_init_device(original: Func) -> Func:
+    # vLLM calls init_device only on a GPU worker, after which torch's current device is this worker's GPU.
+    @functools.wraps(original)
+    def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            STATE.start_probe()
+        except Exception as exc:
+            STATE.failed("worker_probe", exc)
+        return result
+
+    return init_device
+
+
+def _wrap_capture_model(original: Func) -> Func:
+    @functools.wraps(original)
+    def capture_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probe = STATE.probe
+        if probe is None:
+            return original(self, *args, **kwargs)
+        start = _now()
+        result = original(self, *args, **kwargs)
+        if start is not None:
+            try:
+                probe.record_cuda_graph_capture(STATE.mono() - start[1])
+            except Exception as exc:
+                STATE.failed("cuda_graph_capture", exc)
+        return result
+
+    return capture_model
+
+
+def _wrap_set_active_adapters(original: Func) -> Func:
+    # Called while the model runner prepares a batch: any load inside it is one a request asked for.
+    @functools.wraps(original)
+    def set_active_adapters(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if STATE.probe is None:
+            return original(self, *args, **kwargs)
+        local = STATE.local
+        local.on_demand = getattr(local, "on_demand", 0) + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            local.on_demand -= 1
+
+    return set_active_adapters
+
+
+def _wrap_load_adapter(original: Func) -> Func:
+    # Runs only when add_adapter really reads an adapter (not when it is already resident): hand it over.
+    @functools.wraps(original)
+    def _load_adapter(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        loading = getattr(STATE.local, "loading", None)
+        if loading is not None:
+            loading.append(result)
+        return result
+
+    return _load_adapter
+
+
+def _rank(lora_model: Any) -> int | None:
+    for value in (getattr(lora_model, "rank", None), getattr(getattr(lora_model, "peft_helper", None), "r", None)):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _record_lora(probe: ProbeLike, request: Any, lora_model: Any, start: tuple[float, float]) -> None:
+    seconds = STATE.mono() - start[1]
+    name = getattr(request, "lora_name", None)
+    adapter = name if isinstance(name, str) else str(getattr(request, "lora_int_id", "unknown"))
+    probe.record_lora_load(adapter, _rank(lora_model), start[0], start[0] + seconds, on_demand=STATE.on_demand())
+
+
+def _wrap_add_adapter(original: Func) -> Func:
+    # add_adapter reads the adapter (_load_adapter), puts it in vLLM's cache and activates it into a GPU slot.
+    @functools.wraps(original)
+    def add_adapter(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probe = STATE.probe
+        if probe is None:
+            return original(self, *args, **kwargs)
+        local = STATE.local
+        outer = getattr(local, "loading", None)
+        loaded: list[Any] = []
+        local.loading = loaded
+        start = _now()
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            local.loading = outer
+        if loaded and start is not None:
+            try:
+                request = args[0] if args else next(iter(kwargs.values()), None)
+                _record_lora(probe, request, loaded[-1], start)
+            except Exception as exc:
+                STATE.failed("lora_load", exc)
+        return result
+
+    return add_adapter
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("worker_probe", "vllm.v1.worker.gpu_worker", (Patch("Worker.init_device", 0, _wrap_init_device),)),
+    Hook(
+        "cuda_graph_capture",
+        "vllm.v1.worker.gpu_model_runner",
+        (Patch("GPUModelRunner.capture_model", 0, _wrap_capture_model),),
+    ),
+    Hook(
+        "lora_load",
+        "vllm.lora.worker_manager",
+        (
+            Patch("LRUCacheWorkerLoRAManager.add_adapter", 1, _wrap_add_adapter),
+            Patch("LRUCacheWorkerLoRAManager._load_adapter", 1, _wrap_load_adapter),
+            Patch("LRUCacheWorkerLoRAManager.set_active_adapters", 2, _wrap_set_active_adapters),
+        ),
+    ),
+)
+
+
+def _refuse(hook: Hook, version: str | None, why: str) -> bool:
+    LOG.warning("loadlens vllm plugin: hook %s not applied (vLLM %s): %s", hook.name, version, why)
+    return False
+
+
+def apply(hook: Hook, module: ModuleType) -> bool:
+    """Patch every method of ``hook`` or none: the version check, then the feature test of each method."""
+    version = versions.installed_version()
+    problem = versions.version_problem(version)
+    if problem is not None:
+        return _refuse(hook, version, problem)
+    found: list[tuple[type, str, Func, Patch]] = []
+    for patch in hook.patches:
+        result = versions.find_method(module, patch.qualname, patch.positional)
+        if isinstance(result, str):
+            return _refuse(hook, version, result)
+        cls, func = result
+        found.append((cls, patch.qualname.partition(".")[2], func, patch))
+    for cls, method, func, patch in found:
+        if not getattr(func, MARK, False):  # register() in a process that already patched: patch once
+            wrapper = patch.wrap(func)
+            setattr(wrapper, MARK, True)
+            setattr(cls, method, wrapper)
+    LOG.info("loadlens vllm plugin: hook %s applied to %s (vLLM %s)", hook.name, hook.module, version)
+    return True

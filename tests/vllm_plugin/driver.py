@@ -1,0 +1,119 @@
+"""Run in a subprocess by the tests: a fake vLLM first on sys.path, the plugin loaded by vLLM's plugin loader
+(the real entry point), then what a GPU worker does. Prints one JSON document: records, log lines, results.
+
+argv: <fake vllm root> <options JSON>. Options: probe_raises, register_twice, preimport, real_probe_dir."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from typing import Any
+
+root, options = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, root)
+
+logs: list[str] = []
+
+
+class _Collect(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        logs.append(f"{record.levelname} {record.getMessage()}")
+
+
+logging.getLogger("loadlens").addHandler(_Collect())
+logging.getLogger("loadlens").setLevel(logging.INFO)
+
+records: list[list[Any]] = []
+roles: list[str] = []
+
+
+class FakeProbe:
+    def record_lora_load(self, adapter: str, rank: int | None, start: float, end: float, *, on_demand: bool) -> None:
+        if options.get("probe_raises"):
+            raise RuntimeError("probe is broken")
+        records.append(["lora", adapter, rank, start, end, on_demand])
+
+    def record_cuda_graph_capture(self, seconds: float) -> None:
+        if options.get("probe_raises"):
+            raise RuntimeError("probe is broken")
+        records.append(["capture", seconds])
+
+
+class Clock:
+    t = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+if options.get("preimport"):
+    import vllm.v1.worker.gpu_worker  # imported before the plugins are loaded
+
+import vllm  # noqa: E402
+import vllm.plugins  # noqa: E402
+
+vllm.plugins.load_general_plugins()
+if options.get("register_twice"):
+    vllm.plugins.plugins_loaded = False  # a second load in the same process, as a re-exec might do
+    vllm.plugins.load_general_plugins()
+
+from exporters.vllm_plugin.state import STATE  # noqa: E402
+
+clock = Clock()
+vllm.TICK = clock.advance
+STATE.wall = lambda: 1000.0 + clock.t
+STATE.mono = lambda: clock.t
+if not options.get("real_probe_dir"):
+
+    def _start(role: str) -> FakeProbe:
+        roles.append(role)
+        return FakeProbe()
+
+    STATE.starter = _start
+
+from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
+
+results: dict[str, Any] = {}
+worker = Worker({"/a/sql": 8, "/a/chat": 16})
+results["init_device"] = worker.init_device()
+results["explicit"] = worker.add_lora(LoRARequest("sql", 1, "/a/sql"))  # add_lora RPC: not on demand
+clock.advance(10.0)
+batch = {LoRARequest("sql", 1, "/a/sql"), LoRARequest("chat", 2, "/a/chat")}
+results["batch"] = worker.model_runner._set_active_loras(batch, "mapping")  # chat loads on demand, sql resident
+results["mapping"] = worker.model_runner.lora_manager.mapping
+clock.advance(10.0)
+results["capture"] = worker.compile_or_warm_up_model()
+try:
+    worker.add_lora(LoRARequest("missing", 3, "/nope"))
+except ValueError as exc:
+    manager = importlib.import_module("vllm.lora.worker_manager")
+    results["error_is_vllms"] = exc is manager.LAST_ERROR
+    results["error"] = str(exc)
+
+patched: dict[str, Any] = {}
+modules = {
+    "Worker": "vllm.v1.worker.gpu_worker",
+    "GPUModelRunner": "vllm.v1.worker.gpu_model_runner",
+    "LRUCacheWorkerLoRAManager": "vllm.lora.worker_manager",
+}
+for qualname in (
+    "Worker.init_device",
+    "GPUModelRunner.capture_model",
+    "LRUCacheWorkerLoRAManager.add_adapter",
+    "LRUCacheWorkerLoRAManager._load_adapter",
+    "LRUCacheWorkerLoRAManager.set_active_adapters",
+):
+    cls_name, _, method = qualname.partition(".")
+    func = getattr(getattr(importlib.import_module(modules[cls_name]), cls_name), method, None)
+    inner = getattr(func, "__wrapped__", None)
+    patched[qualname] = [bool(getattr(func, "__loadlens_hook__", False)), bool(getattr(inner, "__loadlens_hook__", 0))]
+
+finders = [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("exporters")]
+print(
+    json.dumps(
+        {"records": records, "roles": roles, "logs": logs, "results": results, "patched": patched, "finders": finders}
+    )
+)

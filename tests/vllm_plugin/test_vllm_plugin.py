@@ -1,0 +1,166 @@
+"""The vLLM general plugin: found through the real entry-point mechanism, and its hooks against a fake vLLM
+shaped like the real modules (vLLM itself cannot run here), including vLLMs whose internals differ."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.paths import ROOT
+from tests.vllm_plugin import fake_vllm
+
+DRIVER = Path(__file__).with_name("driver.py")
+METHODS = (
+    "Worker.init_device",
+    "GPUModelRunner.capture_model",
+    "LRUCacheWorkerLoRAManager.add_adapter",
+    "LRUCacheWorkerLoRAManager._load_adapter",
+    "LRUCacheWorkerLoRAManager.set_active_adapters",
+)
+# What the fake worker does, timed by its fake clock: sql read (0.25 s) + slot copy (0.125 s) at t=0 by the
+# add_lora RPC; chat the same at t=10.375 while a batch is prepared (sql already resident: no load); capture 2 s.
+EXPECTED_RECORDS = [
+    ["lora", "sql", 8, 1000.0, 1000.375, False],
+    ["lora", "chat", 16, 1010.375, 1010.75, True],
+    ["capture", 2.0],
+]
+VLLM_RESULTS = {
+    "init_device": None,
+    "explicit": True,
+    "batch": None,
+    "mapping": "mapping",
+    "capture": 4096,
+    "error_is_vllms": True,
+    "error": "Loading lora missing failed: No adapter found",
+}
+
+
+def _run(fake: Path, enabled: bool = True, **options: Any) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LOADLENS_VLLM_PROBE", "VLLM_PLUGINS")}
+    if enabled:
+        env["LOADLENS_VLLM_PROBE"] = "1"
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), str(fake), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def test_the_entry_point_is_registered_for_vllm() -> None:
+    (plugin,) = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "loadlens"]
+    assert plugin.value == "exporters.vllm_plugin:register"
+
+
+def test_loaded_and_called_with_the_variable_unset_it_does_nothing() -> None:
+    """What vLLM does (load the entry point, call it with no arguments) leaves no trace without the variable."""
+    code = (
+        "import sys\n"
+        "from importlib.metadata import entry_points\n"
+        "(ep,) = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'loadlens']\n"
+        "before = list(sys.meta_path)\n"
+        "print(ep.load()(), sys.meta_path == before, sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('vllm', 'torch', 'exporters') and not m.startswith('exporters.vllm_plugin') and m != 'exporters'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LOADLENS_VLLM_PROBE"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None True []"
+
+
+def test_hooks_record_exact_values_and_vllm_results_are_unchanged(tmp_path: Path) -> None:
+    out = _run(fake_vllm.write(tmp_path))
+    assert out["records"] == EXPECTED_RECORDS
+    assert out["roles"] == ["vllm-worker"]  # the probe started once, in init_device
+    assert out["results"] == VLLM_RESULTS  # return values, and vLLM's own exception object, pass through
+    assert out["patched"] == {m: [True, False] for m in METHODS}
+    assert out["finders"] == []  # the import watcher removed itself once every module was seen
+    assert out["logs"] == [
+        "INFO loadlens vllm plugin: hook lora_load applied to vllm.lora.worker_manager (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: hook worker_probe applied to vllm.v1.worker.gpu_worker (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: probe started in GPU worker process",
+    ]
+
+
+def test_disabled_in_vllm_nothing_is_patched(tmp_path: Path) -> None:
+    out = _run(fake_vllm.write(tmp_path), enabled=False)
+    assert out["records"] == [] and out["logs"] == [] and out["roles"] == []
+    assert out["results"] == VLLM_RESULTS
+    assert out["patched"] == {m: [False, False] for m in METHODS}
+
+
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        ("0.7.3", "version outside the supported range >=0.8,<0.34"),
+        ("1.2.0", "version outside the supported range >=0.8,<0.34"),
+        ("dev", "vllm.__version__ 'dev' cannot be parsed"),
+    ],
+)
+def test_an_unsupported_version_patches_nothing_and_says_why(tmp_path: Path, version: str, why: str) -> None:
+    out = _run(fake_vllm.write(tmp_path, version))
+    assert out["patched"] == {m: [False, False] for m in METHODS}
+    assert out["records"] == [] and out["roles"] == []
+    assert out["results"] == VLLM_RESULTS
+    assert out["logs"] == [
+        f"WARNING loadlens vllm plugin: hook {hook} not applied (vLLM {version}): {why}"
+        for hook in ("lora_load", "cuda_graph_capture", "worker_probe")
+    ]
+
+
+def test_a_renamed_method_refuses_only_its_hook(tmp_path: Path) -> None:
+    out = _run(fake_vllm.write(tmp_path, capture_method="capture_graphs"))
+    assert (
+        "WARNING loadlens vllm plugin: hook cuda_graph_capture not applied (vLLM 0.33.0): "
+        "vllm.v1.worker.gpu_model_runner.GPUModelRunner.capture_model not found"
+    ) in out["logs"]
+    assert out["patched"]["GPUModelRunner.capture_model"] == [False, False]  # absent, nothing was added
+    assert out["patched"]["LRUCacheWorkerLoRAManager.add_adapter"] == [True, False]
+    assert out["records"] == EXPECTED_RECORDS[:2]  # LoRA loads still recorded, no capture record
+    assert out["results"] == VLLM_RESULTS
+
+
+def test_another_signature_refuses_the_whole_hook(tmp_path: Path) -> None:
+    out = _run(fake_vllm.write(tmp_path, add_adapter_params="self, *requests"))
+    assert (
+        "WARNING loadlens vllm plugin: hook lora_load not applied (vLLM 0.33.0): "
+        "vllm.lora.worker_manager.LRUCacheWorkerLoRAManager.add_adapter(self, requests) "
+        "does not take 1 argument(s) besides self"
+    ) in out["logs"]
+    lora_methods = [m for m in METHODS if m.startswith("LRUCache")]
+    assert all(out["patched"][m] == [False, False] for m in lora_methods)  # all of the hook or none of it
+    assert out["records"] == EXPECTED_RECORDS[2:]
+
+
+def test_a_failing_probe_never_breaks_vllm(tmp_path: Path) -> None:
+    out = _run(fake_vllm.write(tmp_path), probe_raises=True)
+    assert out["results"] == VLLM_RESULTS
+    assert out["records"] == []
+    failures = [line for line in out["logs"] if "failed while recording" in line]
+    assert failures == [  # one line per hook, however often it fails
+        "WARNING loadlens vllm plugin: hook lora_load failed while recording (RuntimeError: probe is broken); "
+        "vLLM continues, further failures of this hook are not logged",
+        "WARNING loadlens vllm plugin: hook cuda_graph_capture failed while recording (RuntimeError: probe is "
+        "broken); vLLM continues, further failures of this hook are not logged",
+    ]
+
+
+@pytest.mark.parametrize("preimport", [False, True], ids=["lazy", "already-imported"])
+def test_registered_twice_patches_once(tmp_path: Path, preimport: bool) -> None:
+    out = _run(fake_vllm.write(tmp_path), register_twice=True, preimport=preimport)
+    assert out["patched"] == {m: [True, False] for m in METHODS}  # a wrapper never wraps a wrapper
+    assert out["records"] == EXPECTED_RECORDS
+    assert sum("hook lora_load applied" in line for line in out["logs"]) == 1
