@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The training extra's torch is pinned to the CPU build (constraints-cpu.txt): CI never fetches CUDA wheels.
+# Where no local CPU wheel is on pip's path, point pip at one: TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: help venv system-deps k8s-tools k8s-render demo test lint typecheck bench gpu-check fixtures generate clean
 
@@ -17,10 +20,11 @@ help:
 	@echo "make k8s-render OVERLAY=sim|gpu - print the Kubernetes objects of an overlay"
 	@echo "make fixtures - regenerate committed golden files (metrics exposition)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints-cpu.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[all,dev]'
+	$(PY) -m pip install --quiet -c constraints-cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
+		-e '.[all,training,dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
