@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 root, options = sys.argv[1], json.loads(sys.argv[2])
@@ -65,7 +66,21 @@ clock = Clock()
 vllm.TICK = clock.advance
 STATE.wall = lambda: 1000.0 + clock.t
 STATE.mono = lambda: clock.t
-if not options.get("real_probe_dir"):
+probes: list[Any] = []
+if options.get("real_probe_dir"):
+    # The real probe (exporters.probe) over the probe tests' fake torch: what a GPU worker would write.
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+    from exporters.probe import start_probe
+    from tests.probe.fakes import FakeCuda, fake_torch, stats
+
+    def _start_real(role: str) -> Any:
+        roles.append(role)
+        cuda = FakeCuda({0: stats(2**30, 2**29, 2**29)}, [])
+        probes.append(start_probe(role, directory=options["real_probe_dir"], torch=fake_torch(cuda)))
+        return probes[-1]
+
+    STATE.starter = _start_real
+else:
 
     def _start(role: str) -> FakeProbe:
         roles.append(role)
@@ -111,9 +126,23 @@ for qualname in (
     inner = getattr(func, "__wrapped__", None)
     patched[qualname] = [bool(getattr(func, "__loadlens_hook__", False)), bool(getattr(inner, "__loadlens_hook__", 0))]
 
+document = None
+if probes:
+    probes[0].write_now()
+    document = json.loads(probes[0].path.read_text())["events"]
+    probes[0].stop()
+
 finders = [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("exporters")]
 print(
     json.dumps(
-        {"records": records, "roles": roles, "logs": logs, "results": results, "patched": patched, "finders": finders}
+        {
+            "records": records,
+            "roles": roles,
+            "logs": logs,
+            "results": results,
+            "patched": patched,
+            "finders": finders,
+            "document": document,
+        }
     )
 )

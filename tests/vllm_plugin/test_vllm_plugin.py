@@ -164,3 +164,18 @@ def test_registered_twice_patches_once(tmp_path: Path, preimport: bool) -> None:
     assert out["patched"] == {m: [True, False] for m in METHODS}  # a wrapper never wraps a wrapper
     assert out["records"] == EXPECTED_RECORDS
     assert sum("hook lora_load applied" in line for line in out["logs"]) == 1
+
+
+def test_the_real_probe_receives_the_records(tmp_path: Path) -> None:
+    """The same worker with exporters.probe itself (over the probe tests' fake torch): its document holds them."""
+    out = _run(fake_vllm.write(tmp_path / "fake"), real_probe_dir=str(tmp_path / "probe"))
+    assert out["results"] == VLLM_RESULTS
+    assert out["roles"] == ["vllm-worker"]
+    events = out["document"]
+    assert events["lora_loads"] == [
+        {"adapter": "sql", "rank": 8, "start": 1000.0, "end": 1000.375, "on_demand": False},
+        {"adapter": "chat", "rank": 16, "start": 1010.375, "end": 1010.75, "on_demand": True},
+    ]
+    assert (events["lora_loads_total"], events["lora_on_demand_loads_total"]) == (2, 1)
+    assert events["cuda_graph_capture_seconds"] == 2.0
+    assert not list((tmp_path / "probe").glob("*.json"))  # stop() removed the document
