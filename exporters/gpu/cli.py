@@ -6,6 +6,7 @@
     loadlens gpu-exporter --backend sim --sim-url /tmp/device-state.json --port 9400
     loadlens gpu-exporter --backend sim --sim-faults 'lost:1@30,unsupported:power'
     loadlens gpu-exporter --collectors default,pcie --dcgm-compat
+    loadlens gpu-exporter --probe-dir /run/loadlens/probes   # adds the in-process probes' allocator series
 
 Heavy imports (pynvml, pydantic, the collectors) stay inside :func:`run`, so building the parser is cheap.
 """
@@ -95,7 +96,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--collectors",
         default="default",
         help="comma-separated collectors; 'default' = device,utilization,memory,processes,power,clock_events,"
-        "errors,allocator; also pcie (opt-in, ~20 ms per direction per GPU) and dcgm",
+        "errors,allocator; also pcie (opt-in, ~20 ms per direction per GPU), dcgm and probe (with --probe-dir)",
     )
     arg(
         p,
@@ -118,12 +119,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=2 * 1024 * 1024,
         help="smallest rise in used memory counted as a step (adapter load)",
     )
+    arg(
+        p,
+        "--probe-dir",
+        help="directory the in-process allocator probes write their documents to (adds the probe collector)",
+    )
     arg(p, "--log-level", choices=LOG_LEVELS, default="info", help="log level")
     p.set_defaults(handler=run)
 
 
-def parse_collectors(text: str, dcgm_compat: bool, available: CollectorRegistrations | None = None) -> list[str]:
-    """The ``--collectors`` value as collector names, in order, without duplicates."""
+def parse_collectors(
+    text: str, dcgm_compat: bool, available: CollectorRegistrations | None = None, *, probe_dir: str | None = None
+) -> list[str]:
+    """The ``--collectors`` value as collector names, in order, without duplicates.
+
+    A probe directory adds the ``probe`` collector; ``probe`` without one is refused.
+    """
     if available is None:
         from exporters.gpu.collectors import COLLECTORS
 
@@ -141,6 +152,10 @@ def parse_collectors(text: str, dcgm_compat: bool, available: CollectorRegistrat
             raise UsageError(f"unknown collector {name!r}; choose from default, {', '.join(available)}")
     if dcgm_compat:
         names.append("dcgm")
+    if probe_dir:
+        names.append("probe")
+    elif "probe" in names:
+        raise UsageError("the probe collector needs --probe-dir")
     if not names:
         raise UsageError("--collectors selects nothing")
     return list(dict.fromkeys(names))
@@ -192,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.window <= args.sample_interval:
         raise UsageError(f"--window ({args.window} s) must be longer than --sample-interval ({args.sample_interval} s)")
-    collectors = parse_collectors(args.collectors, args.dcgm_compat)
+    collectors = parse_collectors(args.collectors, args.dcgm_compat, probe_dir=args.probe_dir)
     nvml, backend = build_backend(args)
 
     from exporters.gpu.server import GpuExporter, MetricsServer
@@ -207,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         max_processes=args.max_processes,
         step_bytes=args.memory_step_bytes,
         proc_root="/proc" if backend == "nvml" else None,  # sim pids are not this host's processes
+        probe_dir=args.probe_dir or None,
     )
     try:
         server = MetricsServer(exporter, args.host, args.port)

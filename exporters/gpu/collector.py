@@ -48,6 +48,7 @@ __all__ = [
     "counter",
     "gauge",
     "health_families",
+    "merge_families",
 ]
 
 
@@ -188,6 +189,30 @@ def health_families(runs: Sequence[CollectorRun], session: Session) -> Iterator[
     yield last
 
 
+def merge_families(families: list[Metric]) -> list[Metric]:
+    """One family per name: the sim ``allocator`` and ``probe`` collectors both emit ``allocator_*`` (with
+    different label sets), and a name repeated in an exposition makes Prometheus reject the scrape."""
+    if len({f.name for f in families}) == len(families):
+        return families  # the common case: nothing to do
+    out: dict[str, Metric] = {}
+    for fam in families:
+        first = out.get(fam.name)
+        if first is None:
+            out[fam.name] = fam
+        elif (
+            isinstance(first, RowGauge | RowCounter)
+            and isinstance(fam, RowGauge | RowCounter)
+            and first.type == fam.type
+            and first.label_names == fam.label_names
+        ):
+            first.rows.extend(fam.rows)
+        else:
+            merged = Metric(first.name, first.documentation, first.type)
+            merged.samples = [*first.samples, *fam.samples]
+            out[fam.name] = merged
+    return list(out.values())
+
+
 def _le(bound: float) -> str:
     """Bucket bound as Prometheus writes it (``+Inf``, ``0.005``, ``1.0``)."""
     return "+Inf" if bound == float("inf") else repr(float(bound))
@@ -239,8 +264,7 @@ class GpuExporterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         start = self._timer()
         runs = [c.run() for c in self._collectors]
-        for run in runs:
-            yield from run.families
+        yield from merge_families([f for run in runs for f in run.families])
         yield from health_families(runs, self._session)
         yield from self._exporter_families()
         self._observe(self._timer() - start)

@@ -35,6 +35,7 @@ class BuildContext:
     max_processes: int = 128
     proc_root: str | None = "/proc"
     hostname: str | None = None
+    probe_dir: str | None = None  # where the in-process probes write (collectors/probe.py)
     timer: Callable[[], float] = field(default=time.perf_counter)
     clock: Callable[[], float] = field(default=time.time)
 

@@ -61,6 +61,7 @@ class GpuExporter:
         step_bytes: int = 2 * 1024 * 1024,
         proc_root: str | None = "/proc",
         hostname: str | None = None,
+        probe_dir: str | None = None,
         registry: CollectorRegistry | None = None,
         timer: Callable[[], float] = time.perf_counter,
         clock: Callable[[], float] = time.time,
@@ -81,6 +82,7 @@ class GpuExporter:
             max_processes=max_processes,
             proc_root=proc_root,
             hostname=hostname,
+            probe_dir=probe_dir,
             timer=timer,
             clock=clock,
         )

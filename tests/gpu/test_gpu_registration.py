@@ -34,6 +34,7 @@ ALL = (
     "allocator",
     "pcie",
     "dcgm",
+    "probe",
 )
 
 
@@ -65,8 +66,8 @@ def exporter(**kwargs: object) -> GpuExporter:
 def test_registered_names_order_and_defaults_unchanged() -> None:
     assert COLLECTORS.names() == ALL
     assert tuple(COLLECTORS) == ALL
-    assert len(COLLECTORS) == 10
-    assert COLLECTORS.defaults() == ALL[:8]  # pcie and dcgm are opt-in
+    assert len(COLLECTORS) == 11
+    assert COLLECTORS.defaults() == ALL[:8]  # pcie, dcgm and probe are opt-in
     assert COLLECTORS.defaults() == DEFAULT_COLLECTORS
 
 

@@ -19,12 +19,14 @@ from exporters.gpu.collectors import (  # noqa: F401  (imported to register)
     allocator,
     pcie,
     dcgm,
+    probe,
 )
 
 # isort: on
 from exporters.gpu.registration import COLLECTORS
 
-# Enabled unless --collectors says otherwise: those registered with default=True (pcie and dcgm are not).
+# Enabled unless --collectors says otherwise: those registered with default=True (pcie, dcgm and probe are
+# not; the CLI adds probe when --probe-dir is given).
 DEFAULT_COLLECTORS: tuple[str, ...] = COLLECTORS.defaults()
 
 __all__ = ["COLLECTORS", "DEFAULT_COLLECTORS"]
