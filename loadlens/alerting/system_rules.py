@@ -193,30 +193,43 @@ def loadgen_alert_group(c: Ctx) -> dict[str, Any]:
 
 
 def training_alert_group(c: Ctx) -> dict[str, Any]:
-    """Guide 2.3 training-stability alerts. The series come with the training callback (later issue); their
-    names are fixed here and in docs/metrics.md so dashboards and rules can be written once."""
+    """Guide 2.3 training-stability alerts on the series of exporters/training (docs/training.md). They select
+    by series name only: a training run is scraped wherever it runs (the local stack's `loadlens-training`)."""
     t = c.slos.training
+    vram = c.slos.gpu["vram_fluctuation_ratio"]
     return {
         "name": "loadlens-training",
         "rules": [
             alert(
                 "LoadlensTrainingGradNormJump",
-                f"loadlens_training_grad_norm > {t['grad_norm_jump_factor']:g} * loadlens_training_grad_norm_ema",
+                # The exporter counts every step whose norm exceeds the factor x the EMA before it, so a one-step
+                # spike between two scrapes still pages (a gauge comparison would only see the scraped step).
+                "increase(loadlens_training_grad_norm_jumps_total[1m]) > 0",
                 "0s",  # one step's jump is the event the guide alerts on
                 "warning",
                 "The gradient norm jumped far above its moving average.",
-                "Run {{ $labels.run }}: gradient L2 norm {{ $value | humanize }} exceeds "
-                f"{t['grad_norm_jump_factor']:g}x its EMA (guide 2.3).",
+                'Run {{ $labels.run }}: {{ printf "%.0f" $value }} step(s) in the last 1m had a gradient L2 norm '
+                f"above {t['grad_norm_jump_factor']:g}x its EMA (guide 2.3).",
                 component="training",
             ),
             alert(
                 "LoadlensTrainingVramPeakFluctuation",
-                f"loadlens_training_vram_peak_fluctuation_ratio >= {c.slos.gpu['vram_fluctuation_ratio']}",
+                f"loadlens_training_vram_peak_fluctuation_ratio >= {vram}",
                 "0s",
                 "warning",
                 "Peak GPU memory between training steps fluctuates beyond the stability threshold.",
                 "Run {{ $labels.run }}: peak VRAM moved {{ $value | humanizePercentage }} between steps "
-                f"(guide 2.3 alerts at {c.slos.gpu['vram_fluctuation_ratio']:.0%}).",
+                f"(guide 2.3 alerts at {vram:.0%}).",
+                component="training",
+            ),
+            alert(
+                "LoadlensTrainingLoraUpdateCorrelationLow",
+                f"loadlens_training_lora_ab_correlation < {t['lora_ab_correlation_min']:g}",
+                "1m",  # Adam's first steps are less coherent; a sustained drop is the signal
+                "warning",
+                "A LoRA module's updates lost their step-to-step coherence.",
+                'Run {{ $labels.run }}, module {{ $labels.module }}: update correlation {{ printf "%.3f" $value }} '
+                f"below {t['lora_ab_correlation_min']:g} for 1m (guide 2.3).",
                 component="training",
             ),
         ],
