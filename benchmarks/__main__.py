@@ -5,7 +5,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-MODULES = ("benchmarks.serving", "benchmarks.sim_engine", "benchmarks.gpu_exporter", "benchmarks.loadgen")
+MODULES = (
+    "benchmarks.serving",
+    "benchmarks.sim_engine",
+    "benchmarks.gpu_exporter",
+    "benchmarks.loadgen",
+    "benchmarks.probe",
+)
 
 
 def main() -> int:
