@@ -15,6 +15,9 @@ SERVE_JOB = "loadlens-serve"
 GPU_JOB = "loadlens-gpu"
 PAGER_JOB = "loadlens-pager"
 LOADGEN_JOB = "loadlens-loadgen"
+# A training run's /metrics (exporters/training). The local stack scrapes it under this job; its PORTS row
+# names no job until compose and k8s scrape it too (their tests check every job of the table is scraped).
+TRAINING_JOB = "loadlens-training"
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ PORTS: tuple[Port, ...] = (
     Port("gpu", 9400, GPU_JOB, "loadlens gpu-exporter: /metrics, /health"),
     Port("pager", 9095, PAGER_JOB, "loadlens pager: Alertmanager webhook receiver, /metrics"),
     Port("loadgen", 9646, LOADGEN_JOB, "loadlens load: client-side /metrics while a test runs"),
+    Port("training", 9647, None, "a training run's /metrics (TrainerCallback or hook; make train-demo)"),
     Port("locust-ui", 8089, None, "Locust web UI (interactive runs)"),
     Port("prometheus", 19090, None, "Prometheus of the local stack (containers: 9090)"),
     Port("alertmanager", 19093, None, "Alertmanager of the local stack (containers: 9093)"),

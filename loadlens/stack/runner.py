@@ -28,7 +28,7 @@ from loadlens.alerting.alertmanager import alertmanager_config
 from loadlens.alerting.prometheus_config import prometheus_config
 from loadlens.alerting.rule_file import render
 from loadlens.alerting.rules import build_groups
-from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, PAGER_JOB, SERVE_JOB
+from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, PAGER_JOB, SERVE_JOB, TRAINING_JOB
 from loadlens.contracts.slo import load_slos
 from loadlens.util.cliutil import UsageError
 from loadlens.util.http import http_ok
@@ -44,6 +44,7 @@ class StackOptions:
     gpu_port: int = 9400
     pager_port: int = 9095
     loadgen_port: int = 9646
+    training_port: int = 9647  # a training run (make train-demo) scraped when one runs
     prometheus_port: int = 19090
     alertmanager_port: int = 19093
     model_profile: str = "deepseek-vl-7b"
@@ -164,6 +165,7 @@ class Stack:
                 SERVE_JOB: [f"127.0.0.1:{o.serve_port}"],
                 GPU_JOB: [f"127.0.0.1:{o.gpu_port}"],
                 LOADGEN_JOB: [f"127.0.0.1:{o.loadgen_port}"],
+                TRAINING_JOB: [f"127.0.0.1:{o.training_port}"],
                 PAGER_JOB: [f"127.0.0.1:{o.pager_port}"],
             },
             rule_files=[str(d / "rules" / "*.yaml")],
