@@ -99,9 +99,16 @@ def test_loadlens_image_is_built_from_the_dockerfile_at_the_project_version() ->
 
 
 def test_gpu_profile_serves_vllm_through_the_loadlens_proxy() -> None:
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     svc = services()
     vllm = svc["vllm"]
-    assert interpolate(vllm["image"]).startswith("vllm/vllm-openai:v")
+    # vLLM's release, with loadlens installed so its plugin runs the probe in the GPU workers.
+    assert interpolate(vllm["image"]) == f"loadlens-vllm:{version}"
+    assert vllm["build"]["dockerfile"] == "Dockerfile.vllm"
+    assert vllm["build"]["args"]["VLLM_IMAGE"].startswith("vllm/vllm-openai:v")
+    assert vllm["entrypoint"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     command = [interpolate(str(c)) for c in vllm["command"]]
     vllm_port = int(command[command.index("--port") + 1])
     assert vllm_port == PORT["upstream"]
@@ -115,6 +122,12 @@ def test_gpu_profile_serves_vllm_through_the_loadlens_proxy() -> None:
     gpu = svc["gpu-exporter-nvml"]
     assert gpu["pid"] == "host"
     assert environment(gpu)["LOADLENS_GPU_EXPORTER_BACKEND"] == "nvml"
+    # The probe's documents cross from vLLM's workers to the exporter through one named volume.
+    probe_dir = environment(vllm)["LOADLENS_PROBE_DIR"]
+    assert environment(vllm)["LOADLENS_VLLM_PROBE"] == "1"
+    assert environment(gpu)["LOADLENS_GPU_EXPORTER_PROBE_DIR"] == probe_dir
+    assert f"probe:{probe_dir}" in vllm["volumes"] and f"probe:{probe_dir}:ro" in gpu["volumes"]
+    assert "probe" in compose()["volumes"]
     for name in ("vllm", "gpu-exporter-nvml"):
         devices = svc[name]["deploy"]["resources"]["reservations"]["devices"]
         assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name

@@ -59,7 +59,7 @@ def test_vllm_variant_installs_loadlens_into_the_pinned_vllm_image_without_movin
     froms = [rest for word, rest in instructions if word == "FROM"]
     assert froms == ["${VLLM_IMAGE}"]
     # The same vLLM release as the compose stack and the k8s gpu overlay.
-    assert args["VLLM_IMAGE"] == str(services()["vllm"]["image"])
+    assert args["VLLM_IMAGE"] == str(services()["vllm"]["build"]["args"]["VLLM_IMAGE"])
     (install,) = [rest for word, rest in instructions if word == "RUN" and "pip install" in rest]
     assert "--constraint /tmp/vllm-constraints.txt" in install and install.index("pip list --format=freeze") < (
         install.index("pip install")

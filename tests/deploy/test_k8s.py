@@ -199,6 +199,23 @@ def test_overlays_choose_the_engine_and_the_gpu_exporter(overlay: str, objects: 
         assert pod["hostPID"] is True, "per-process GPU memory needs the host's PIDs"
         assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        # vLLM's workers publish probe documents into the node's directory that the DaemonSet reads.
+        vllm_env = _env(serve["vllm"])
+        assert vllm_env["LOADLENS_VLLM_PROBE"] == "1"
+        assert serve["vllm"]["image"].startswith("loadlens-vllm:")
+        assert serve["vllm"]["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+        probe_dir = vllm_env["LOADLENS_PROBE_DIR"]
+        assert exporter_env["LOADLENS_GPU_EXPORTER_PROBE_DIR"] == probe_dir
+
+        def host_dir(workload: dict[str, Any], container: dict[str, Any], read_only: bool) -> str:
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == probe_dir]
+            assert mount.get("readOnly", False) is read_only
+            (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+            assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+            return str(volume["hostPath"]["path"])
+
+        serving = workloads(objects)["loadlens-serve"]
+        assert host_dir(serving, serve["vllm"], False) == host_dir(exporter, _containers(exporter)[0], True)
 
 
 def test_gpu_resources_are_whole_gpus_with_request_equal_to_limit(overlay: str, objects: list[dict[str, Any]]) -> None:
@@ -332,8 +349,9 @@ def test_images_are_pinned_and_match_compose(objects: list[dict[str, Any]]) -> N
             image = c["image"]
             repo, _, tag = image.rpartition(":")
             assert repo and tag and tag != "latest", f"{name}/{c['name']}: {image} is not pinned"
-            if repo == "loadlens":
-                assert image == LOADLENS_IMAGE, f"{name}/{c['name']}: {image}"
+            if repo in ("loadlens", "loadlens-vllm"):
+                # Built from this repository (Dockerfile, Dockerfile.vllm) at the project's version.
+                assert image == f"{repo}:{LOADLENS_IMAGE.split(':')[1]}", f"{name}/{c['name']}: {image}"
             else:
                 # The same upstream release as the compose stack, so both deployments behave alike.
                 assert compose_images.get(repo) == image, f"{name}/{c['name']}: {image} vs compose"
