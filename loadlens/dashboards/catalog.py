@@ -1,4 +1,4 @@
-"""The loadlens dashboards by file stem: one module each (``overview``, ``gpu``, ``serving``), sharing
+"""The loadlens dashboards by file stem: one module each (``overview``, ``gpu``, ``serving``, ``training``), sharing
 selectors, variables and annotations through ``common``. Thresholds come from the SLO file, so
 `make generate` keeps the lines in step with it.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loadlens.contracts.slo import load_slos
-from loadlens.dashboards import gpu, overview, serving
+from loadlens.dashboards import gpu, overview, serving, training
 from loadlens.dashboards.model import Dashboard
 
 
@@ -19,4 +19,5 @@ def dashboards(slo_file: Path | None = None) -> dict[str, Dashboard]:
         "loadlens-overview": overview.dashboard(),
         "loadlens-gpu": gpu.dashboard(slos),
         "loadlens-serving": serving.dashboard(slos),
+        "loadlens-training": training.dashboard(slos),
     }

@@ -27,10 +27,14 @@ class Target:
 
 @dataclass(frozen=True)
 class Threshold:
-    """A constant line (red from ``value`` up) drawn on a time series panel."""
+    """A constant line drawn on a time series panel: ``base`` below ``value``, ``color`` from it up.
+
+    A lower bound (e.g. a minimum correlation) swaps them: ``Threshold(v, color="green", base="red")``.
+    """
 
     value: float
     color: str = "red"
+    base: str = "green"
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,7 @@ class Dashboard:
 
 
 def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps: list[dict[str, Any]] = [{"color": panel.threshold.base if panel.threshold else "green", "value": None}]
     if panel.threshold is not None:
         steps.append({"color": panel.threshold.color, "value": panel.threshold.value})
     defaults: dict[str, Any] = {

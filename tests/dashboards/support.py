@@ -15,6 +15,7 @@ VARIABLES = {
     "$instance": ".*",
     "$gpu": ".*",
     "$stage": ".*",
+    "$run": ".*",
 }
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from loadlens.codegen import dashboards as generate
 from loadlens.codegen.files import stale
+from loadlens.contracts.slo import load_slos
 from loadlens.dashboards.catalog import dashboards
 from loadlens.dashboards.model import SCHEMA_VERSION, unrated_counters
 from tests.dashboards.support import all_queries, concrete
@@ -24,7 +25,13 @@ STABLE_UIDS = {
     "loadlens-overview": "loadlens-overview",
     "loadlens-gpu": "loadlens-gpu",
     "loadlens-serving": "loadlens-serving",
+    "loadlens-training": "loadlens-training",
 }
+# The load-test dashboards filter by model, instance and load stage and mark the stages; the training
+# dashboard has no model or stage (a training run is no load test): it filters by run and the trainer's GPU.
+TRAINING = "loadlens-training"
+REQUIRED_VARIABLES = {"datasource", "model", "instance", "stage"}
+TRAINING_VARIABLES = {"datasource", "run", "instance", "gpu"}
 
 
 def _docs() -> dict[str, dict[str, Any]]:
@@ -48,7 +55,7 @@ def test_uids_stable_and_unique() -> None:
 def test_every_panel_has_unit_datasource_legend() -> None:
     for stem, doc in _docs().items():
         names = [v["name"] for v in doc["templating"]["list"]]
-        assert {"datasource", "model", "instance", "stage"} <= set(names), stem
+        assert (TRAINING_VARIABLES if stem == TRAINING else REQUIRED_VARIABLES) <= set(names), stem
         for panel in doc["panels"]:
             if panel["type"] == "row":
                 continue
@@ -65,13 +72,38 @@ def test_every_panel_has_unit_datasource_legend() -> None:
 def test_annotations_and_slo_lines() -> None:
     for stem, doc in _docs().items():
         exprs = [a.get("expr", "") for a in doc["annotations"]["list"]]
-        assert any("loadlens_loadgen_stage" in e for e in exprs), stem
+        if stem == TRAINING:
+            assert any('loadlens_training_checkpoint_decisions_total{run=~"$run", decision="save"}' in e for e in exprs)
+        else:
+            assert any("loadlens_loadgen_stage" in e for e in exprs), stem
         assert 'ALERTS{alertstate="firing"}' in exprs, stem
     overview = _docs()["loadlens-overview"]
     latency = [p for p in overview["panels"] if p["title"].startswith(("TTFT (", "ITL (", "E2E"))]
     assert len(latency) == 3
     for panel in latency:
         assert any("loadlens_slo_threshold_seconds" in t["expr"] for t in panel["targets"]), panel["title"]
+
+
+def test_training_threshold_lines_follow_the_slo_file() -> None:
+    slos = load_slos()
+    t, g = slos.training, slos.gpu
+    panels = {p["title"]: p for p in _docs()[TRAINING]["panels"] if p["type"] != "row"}
+
+    def line(title: str) -> list[dict[str, Any]]:
+        steps: list[dict[str, Any]] = panels[title]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        return steps
+
+    assert line("Jump ratio (norm / previous EMA)")[1]["value"] == t["grad_norm_jump_factor"]
+    assert line("Gradient-norm variance")[1]["value"] == t["checkpoint_grad_norm_variance"]
+    assert line("VRAM peak fluctuation")[1]["value"] == g["vram_fluctuation_ratio"]
+    assert line("Trainer allocator fragmentation")[1]["value"] == g["fragmentation_ratio"]
+    # A lower bound: red below the minimum, green from it up.
+    assert line("LoRA A/B update correlation") == [
+        {"color": "red", "value": None},
+        {"color": "green", "value": t["lora_ab_correlation_min"]},
+    ]
+    norm = [x["expr"] for x in panels["Gradient L2 norm and EMA"]["targets"]]
+    assert f'{t["grad_norm_jump_factor"]:g} * loadlens_training_grad_norm_ema{{run=~"$run"}}' in norm
 
 
 def test_counters_use_rate_over_rate_interval() -> None:
