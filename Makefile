@@ -8,10 +8,11 @@ PYTEST_ARGS ?=
 # Where no local CPU wheel is on pip's path, point pip at one: TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: help venv system-deps k8s-tools k8s-render demo test lint typecheck bench gpu-check fixtures generate clean
+.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test lint typecheck bench gpu-check fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
+	@echo "make train-demo - LoRA fine-tuning on CPU watched by the local stack; a learning-rate spike pages"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
 	@echo "make gpu-check - on a GPU host: check the GPU exporter against real NVML (needs torch)"
@@ -45,6 +46,10 @@ k8s-render: k8s-tools
 
 demo: venv system-deps
 	$(PY) -m loadlens.demo
+
+# LoRA fine-tuning on CPU with the training telemetry, scraped by the local stack; a learning-rate spike pages.
+train-demo: venv system-deps
+	$(PY) -m loadlens.train_demo
 
 test: venv system-deps k8s-tools
 	$(VENV)/bin/ruff check .

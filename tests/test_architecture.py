@@ -33,6 +33,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.stack": (*BASE, "loadlens.alerting"),
     "loadlens.report": (*BASE, "loadlens.dashboards"),
     "loadlens.demo": (*BASE, "loadlens.stack"),
+    "loadlens.train_demo": (*BASE, "loadlens.stack"),
     "loadlens.codegen": (*BASE, "loadlens.alerting", "loadlens.dashboards"),
     "loadlens.cli": BASE,
     "loadlens": (),  # loadlens/__init__.py: the version only

@@ -12,8 +12,13 @@ from typing import Any
 import torch
 
 
-def tiny_lora_model(*, seed: int = 0, rank: int = 8, alpha: int = 16, layers: int = 2) -> Any:
-    """A PEFT model: LlamaForCausalLM from a config (vocab 128, hidden 32, ``layers`` layers), LoRA on q/v."""
+def tiny_lora_model(*, seed: int = 0, rank: int = 8, alpha: int = 16, layers: int = 2, train_head: bool = False) -> Any:
+    """A PEFT model: LlamaForCausalLM from a config (vocab 128, hidden 32, ``layers`` layers), LoRA on q/v.
+
+    ``train_head`` also trains the LM head (PEFT's ``modules_to_save``, a common LoRA set-up). The demo needs
+    it: with only q/v adapters behind RMSNorm, a learning-rate spike saturates attention and the gradient
+    norm *falls*; a spiked head scales the gradient flowing back through it, so the norm jumps as in guide 2.3.
+    """
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -28,7 +33,13 @@ def tiny_lora_model(*, seed: int = 0, rank: int = 8, alpha: int = 16, layers: in
         max_position_embeddings=64,
     )
     base = LlamaForCausalLM(config)
-    lora = LoraConfig(r=rank, lora_alpha=alpha, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    lora = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=["q_proj", "v_proj"],
+        lora_dropout=0.0,
+        modules_to_save=["lm_head"] if train_head else None,
+    )
     with warnings.catch_warnings():
         # peft reads transformers' deprecated is_gradient_checkpointing (transformers >= 5.x warns): theirs.
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)

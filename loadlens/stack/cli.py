@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("action", choices=["up", "down", "status"], help="what to do")
     env = "LOADLENS_STACK_"
     env_arg(p, "--run-dir", type=Path, default=Path(".run/stack"), help="configs, data, logs, PIDs", env_prefix=env)
-    for name in ("serve", "gpu", "pager", "loadgen", "prometheus", "alertmanager"):
+    for name in ("serve", "gpu", "pager", "loadgen", "training", "prometheus", "alertmanager"):
         env_arg(p, f"--{name}-port", type=port_number, default=PORT[name], help=f"{name} port", env_prefix=env)
     env_arg(p, "--model-profile", default="deepseek-vl-7b", help="sim model profile", env_prefix=env)
     env_arg(p, "--gpu-profile", default="a100-40gb-pcie", help="sim GPU profile", env_prefix=env)
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         gpu_port=args.gpu_port,
         pager_port=args.pager_port,
         loadgen_port=args.loadgen_port,
+        training_port=args.training_port,
         prometheus_port=args.prometheus_port,
         alertmanager_port=args.alertmanager_port,
         model_profile=args.model_profile,

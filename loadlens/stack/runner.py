@@ -34,6 +34,7 @@ from loadlens.util.cliutil import UsageError
 from loadlens.util.http import http_ok
 
 STATE_FILE = "stack.json"
+PROBE_DIR = "probe"  # under the run directory: where local in-process probes write (LOADLENS_PROBE_DIR)
 INSTALL_HINT = "apt-get install prometheus prometheus-alertmanager (Debian/Ubuntu), or put the binaries on PATH"
 
 
@@ -134,8 +135,11 @@ class Stack:
                                      "--cluster.listen-address="],
                     o.alertmanager_port, f"{base}:{o.alertmanager_port}/-/ready", f"{base}:{o.alertmanager_port}"),
             Service("serve", serve, o.serve_port, f"{base}:{o.serve_port}/health", f"{base}:{o.serve_port}"),
+            # --probe-dir: in-process probes of local GPU processes (a trainer with LOADLENS_PROBE_DIR set to
+            # it) publish their allocator documents there (docs/probe-documents.md).
             Service("gpu-exporter", [py, "-m", "loadlens.cli", "gpu-exporter", "--backend", "sim",
                                      "--sim-url", f"{base}:{o.serve_port}/sim/device-state",
+                                     "--probe-dir", str(d / PROBE_DIR),
                                      "--host", "127.0.0.1", "--port", str(o.gpu_port)],
                     o.gpu_port, f"{base}:{o.gpu_port}/health", f"{base}:{o.gpu_port}"),
             Service("prometheus", [prometheus, f"--config.file={d / 'prometheus.yml'}",
@@ -153,6 +157,7 @@ class Stack:
         slos = load_slos(o.slo_file)
         recording, alerts = build_groups(slos)
         (d / "rules").mkdir(exist_ok=True)
+        (d / PROBE_DIR).mkdir(exist_ok=True)
         (d / "rules" / "loadlens-rules.yaml").write_text(render({"groups": recording}))
         (d / "rules" / "loadlens-alerts.yaml").write_text(render({"groups": alerts}))
         am = alertmanager_config(f"http://127.0.0.1:{o.pager_port}/alerts")
