@@ -25,7 +25,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.dashboards": BASE,
     "exporters.serving": BASE,
     "exporters.gpu": BASE,
-    "exporters.training": BASE,
+    "exporters.training": (*BASE, "exporters.probe"),
     "exporters.probe": BASE,
     "exporters.vllm_plugin": (*BASE, "exporters.probe"),
     "loadgen": BASE,

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from exporters.probe import Probe, start_probe
 from exporters.training.maths import CheckpointPolicy, Decision, Ema, Window, jump_ratio
 from exporters.training.metrics import TrainingMetrics
 from loadlens.contracts.slo import SLOConfig, load_slos
@@ -119,6 +120,7 @@ class TrainingTelemetry:
         window_steps: int | None = None,
         policy: CheckpointPolicy | None = None,
         lora: bool = True,
+        probe: bool = True,
     ) -> None:
         slos = slos if slos is not None else load_slos()
         self.run = run
@@ -138,6 +140,8 @@ class TrainingTelemetry:
         self._device: torch.device | None = None
         self._t0 = time.perf_counter()
         self.metrics.start_run(run, policy=policy is not None)
+        self._use_probe = probe
+        self._probe: Probe | None = None
 
     # --- wiring -----------------------------------------------------------------------------------------
 
@@ -151,6 +155,10 @@ class TrainingTelemetry:
         if params and params[0].is_cuda:
             self._device = params[0].device
             torch.cuda.reset_peak_memory_stats(self._device)
+            if self._use_probe and self._probe is None:
+                # The allocator as only this process sees it, published for the GPU exporter
+                # (LOADLENS_PROBE_DIR; None, with one log line, when unset): docs/probe-documents.md.
+                self._probe = start_probe("trainer", torch=torch)
         if self.lora:
             pairs = _lora_pairs(model)
             self._tracker = LoraUpdateTracker(pairs) if pairs else None
@@ -161,6 +169,9 @@ class TrainingTelemetry:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
 
     def _grad_hook(self, counts_backward: bool) -> Any:
         def hook(p: torch.Tensor) -> None:
