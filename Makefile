@@ -8,14 +8,15 @@ PYTEST_ARGS ?=
 # Where no local CPU wheel is on pip's path, point pip at one: TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test lint typecheck bench gpu-check fixtures generate clean
+.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test lint typecheck bench gpu-check gpu-check-run gpu-check-wheels fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
 	@echo "make train-demo - LoRA fine-tuning on CPU watched by the local stack; a learning-rate spike pages"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
-	@echo "make gpu-check - on a GPU host: check the GPU exporter against real NVML (needs torch)"
+	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, and the allocator probe with LoRA (needs torch)"
+	@echo "make gpu-check-wheels - download the wheels a GPU host without PyPI needs for gpu-check into .whl"
 	@echo "make lint   - ruff"
 	@echo "make generate - regenerate derived files (alerts/, dashboards/, deploy/compose/, k8s/base/generated/)"
 	@echo "make k8s-render OVERLAY=sim|gpu - print the Kubernetes objects of an overlay"
@@ -67,9 +68,19 @@ typecheck: venv
 bench: venv
 	$(PY) -m benchmarks
 
-# On a GPU host: the nvml backend and the in-process allocator collector against real hardware (~40 s, needs torch).
-gpu-check: venv
-	$(PY) -m benchmarks.gpu_nvml_check --out results/gpu-check
+# On a GPU host: the nvml backend and the in-process allocator collector against real hardware (~40 s, needs torch),
+# then the allocator probe read by the exporter with PEFT LoRA adapters and training (benchmarks/gpu_probe_check.py).
+# Both run; the target fails when either does. A host without the venv: make gpu-check-run GPU_PY=python3.
+GPU_PY ?= $(PY)
+gpu-check: venv gpu-check-run
+
+gpu-check-run:
+	@rc=0; $(GPU_PY) -m benchmarks.gpu_nvml_check --out results/gpu-check || rc=1; \
+		$(GPU_PY) -m benchmarks.gpu_probe_check --out results/gpu-check/probe || rc=1; exit $$rc
+
+# Here, where PyPI is reachable: the wheels the GPU host lacks, into .whl (scripts/gpu-check-wheels.sh).
+gpu-check-wheels: venv
+	bash scripts/gpu-check-wheels.sh download .whl
 
 generate: venv
 	$(PY) -m loadlens.codegen
