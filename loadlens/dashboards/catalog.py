@@ -11,6 +11,10 @@ from loadlens.contracts.slo import load_slos
 from loadlens.dashboards import gpu, overview, serving, training
 from loadlens.dashboards.model import Dashboard
 
+# What a load test's report draws: the serving run's dashboards. The training dashboard watches a
+# fine-tuning job, which a load test does not run (its panels would all be empty there).
+LOAD_TEST_DASHBOARDS = ("loadlens-overview", "loadlens-gpu", "loadlens-serving")
+
 
 def dashboards(slo_file: Path | None = None) -> dict[str, Dashboard]:
     """File stem -> dashboard."""

@@ -71,7 +71,7 @@ def _window(args: argparse.Namespace, results_start: float | None, results_end: 
 def run(args: argparse.Namespace) -> int:
     from loadlens.contracts.results import ResultsError
     from loadlens.contracts.slo import SLOConfigError, load_slos
-    from loadlens.dashboards.catalog import dashboards
+    from loadlens.dashboards.catalog import LOAD_TEST_DASHBOARDS, dashboards
     from loadlens.report.queries import parse_duration
     from loadlens.report.results import load_results
     from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--prometheus: not an http(s) URL: {args.prometheus!r}")
     try:
         slos = load_slos(args.slo_file)
-        boards = dashboards(args.slo_file)
+        boards = {stem: b for stem, b in dashboards(args.slo_file).items() if stem in LOAD_TEST_DASHBOARDS}
     except SLOConfigError as err:
         raise UsageError(str(err)) from None
     client = PrometheusClient(args.prometheus)

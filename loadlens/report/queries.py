@@ -18,7 +18,7 @@ from loadlens.contracts.slo import SLOConfig
 from loadlens.dashboards.model import RATE_INTERVAL, Dashboard, Panel
 from loadlens.util.prometheus import PrometheusClient, QueryError
 
-TEMPLATE_VARIABLES = ("$model", "$instance", "$gpu", "$stage")
+TEMPLATE_VARIABLES = ("$model", "$instance", "$gpu", "$stage", "$run")
 MAX_POINTS = 400
 _DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h)$")
 _SLO_NAME = re.compile(r'slo="([a-z_]+)"')
