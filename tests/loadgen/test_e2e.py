@@ -104,7 +104,11 @@ def test_accuracy_warmup_exclusion_stages_and_metrics(scripted: Served, tmp_path
     assert overall["min_ttft_ms"] >= 50.0
     assert 50.0 <= overall["median_ttft_ms"] <= 60.0
     assert 10.0 <= overall["median_itl_ms"] <= 12.0
-    assert 10.0 <= overall["median_tpot_ms"] <= 12.0
+    # TPOT is a request's mean gap, so one late server wake-up in a request lifts it where the median ITL
+    # stays put (it read 13.3 ms once on a loaded 2-core CI run): it cannot beat the engine's 10 ms, and it
+    # must agree with the ITL samples it is made of (same requests, same token count each).
+    assert overall["median_tpot_ms"] >= 10.0
+    assert overall["mean_tpot_ms"] == pytest.approx(overall["mean_itl_ms"], rel=0.02)
     assert overall["itl_fallback_requests"] == 0
     # One ITL sample per token after the first: per-token from usage, nothing lost or double counted.
     assert overall["itl_samples"] == overall["total_output_tokens"] - overall["completed"]
