@@ -93,7 +93,7 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str, float]:
         return response.status, body, time.perf_counter() - start
 
 
-def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+def scrape_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -218,11 +218,11 @@ def run(out: Path, exporter_port: int, workload_port: int, duration: float, back
                 break
             status, last, seconds = _get(metrics_url)
             latencies.append(seconds * 1000)
-            s = _samples(last)
+            s = scrape_samples(last)
             for lbls, v in s.get("loadlens_gpu_collector_duration_seconds", []):
                 durations.setdefault(lbls["collector"], []).append(v * 1000)
             optin_text = _get(f"http://127.0.0.1:{exporter_port + 2}/metrics")[1]
-            for lbls, v in _samples(optin_text).get("loadlens_gpu_collector_duration_seconds", []):
+            for lbls, v in scrape_samples(optin_text).get("loadlens_gpu_collector_duration_seconds", []):
                 durations.setdefault(lbls["collector"], []).append(v * 1000)
             procs = s.get("loadlens_gpu_process_used_memory_bytes", [])
             timeline.append(
@@ -244,7 +244,7 @@ def run(out: Path, exporter_port: int, workload_port: int, duration: float, back
         (out / "exporter-default.prom").write_text(last)
         (out / "exporter-optin.prom").write_text(optin_text)
         (out / "timeline.json").write_text(json.dumps(timeline, indent=1))
-        samples = _samples(last)
+        samples = scrape_samples(last)
         allocator_text = ""
         if marks.exists():
             allocator_text = _get(f"http://127.0.0.1:{workload_port}/metrics")[1]
@@ -255,7 +255,7 @@ def run(out: Path, exporter_port: int, workload_port: int, duration: float, back
         report["gpu"] = info
         check("nvml up", _value(samples, "loadlens_gpu_nvml_up") == 1, _value(samples, "loadlens_gpu_nvml_up"))
         check("one GPU seen", _value(samples, "loadlens_gpu_devices") == 1, _value(samples, "loadlens_gpu_devices"))
-        optin_samples = _samples(optin_text)
+        optin_samples = scrape_samples(optin_text)
         status = samples.get("loadlens_gpu_collector_success", []) + optin_samples.get(
             "loadlens_gpu_collector_success", []
         )
@@ -278,7 +278,7 @@ def run(out: Path, exporter_port: int, workload_port: int, duration: float, back
         check("power read", bool(power) and max(power) > min(power), watts)
         xid = _value(samples, "loadlens_gpu_xid_events_total", gpu="0")
         check("XID events registered (a real 0)", xid == 0, xid)
-        alloc = _samples(allocator_text) if allocator_text else {}
+        alloc = scrape_samples(allocator_text) if allocator_text else {}
         frag = _value(alloc, "loadlens_gpu_allocator_fragmentation_ratio")
         check("allocator fragmentation from torch", frag is not None and frag > 0, frag)
         ok_collector = _value(alloc, "loadlens_gpu_collector_success", collector="torch_allocator")

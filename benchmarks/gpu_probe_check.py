@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_nvml_check import scrape_samples
+
 MIB = 2**20
 # PyTorch's native caching allocator (c10 CachingAllocator constants, unchanged from 1.x to 2.x; checked
 # against CUDACachingAllocator.cpp / c10/core/AllocatorConfig.h and the "Memory management" notes):
@@ -248,16 +250,6 @@ def versions(names: Sequence[str] = PACKAGES) -> dict[str, str | None]:
 # --- the GPU part ---------------------------------------------------------------------------------------
 
 
-def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
-    return out
-
-
 def _one(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float | None:
     for lbls, value in samples.get(name, []):
         if all(lbls.get(k) == v for k, v in labels.items()):
@@ -287,7 +279,7 @@ class Rig:
         text = self.exporter.scrape().decode()
         if name:
             (self.out / f"probe-{name}.prom").write_text(text)
-        s = _samples(text)
+        s = scrape_samples(text)
         mine = {"pid": self.pid, "role": "trainer"}
         fig: dict[str, Any] = {
             f: _one(s, f"loadlens_gpu_allocator_{f}_bytes", **mine) for f in ALLOC_FIELDS if f != "segments"

@@ -35,6 +35,7 @@ from loadlens.contracts.probe_document import (
     ProbeDocument,
     ProbeEvents,
 )
+from loadlens.util.cuda_device import device_uuid
 from loadlens.util.procstat import pid_namespace, start_time_ticks
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,6 @@ DEFAULT_INTERVAL = 5.0
 DEFAULT_SNAPSHOT_INTERVAL = 30.0
 DEFAULT_MAX_SNAPSHOT_INTERVAL = 600.0
 DEFAULT_SNAPSHOT_BUDGET = 0.01
-
-
-def _uuid(cuda: Any, index: int) -> str:
-    try:
-        raw = str(cuda.get_device_properties(index).uuid)
-    except Exception:  # older torch has no uuid property
-        return ""
-    return raw if raw.startswith("GPU-") else f"GPU-{raw}"
 
 
 def alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
@@ -213,7 +206,7 @@ class Probe:
         out = []
         for i in mine:
             if i not in self._names:
-                self._names[i] = (_uuid(cuda, i), str(cuda.get_device_name(i)))
+                self._names[i] = (device_uuid(cuda, i), str(cuda.get_device_name(i)))
             uuid, name = self._names[i]
             out.append(device_entry(i, uuid, name, stats[i], self._summaries.get(i), now))
         return out

@@ -28,18 +28,11 @@ from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 from exporters.gpu.allocator import allocator_families
 from exporters.gpu.collector import PREFIX
 from loadlens.contracts.allocator_math import AllocatorReading, reading_from_torch
+from loadlens.util.cuda_device import device_uuid
 
 log = logging.getLogger(__name__)
 
 _UNSET: Any = object()
-
-
-def _uuid(cuda: Any, index: int) -> str:
-    try:
-        raw = str(cuda.get_device_properties(index).uuid)
-    except Exception:  # older torch has no uuid property
-        return ""
-    return raw if raw.startswith("GPU-") else f"GPU-{raw}"
 
 
 class TorchAllocatorCollector(Collector):
@@ -78,7 +71,7 @@ class TorchAllocatorCollector(Collector):
         snapshot = cuda.memory_snapshot() if self._snapshot else None
         readings = []
         for i in range(int(cuda.device_count())):
-            labels = [str(i), _uuid(cuda, i), str(cuda.get_device_name(i))]
+            labels = [str(i), device_uuid(cuda, i), str(cuda.get_device_name(i))]
             readings.append((labels, reading_from_torch(cuda.memory_stats(i), snapshot, device=i)))
         return readings
 
