@@ -22,7 +22,8 @@ from loadlens.contracts.allocator_math import AllocatorReading
 
 
 def reading_from_state(state: Any) -> AllocatorReading:
-    """From the sim's :class:`loadlens.contracts.device_state.AllocatorState`."""
+    """From any object with the allocator fields: the sim's
+    :class:`loadlens.contracts.device_state.AllocatorState` or a probe document's device entry."""
     return AllocatorReading(
         reserved_bytes=state.reserved_bytes,
         allocated_bytes=state.allocated_bytes,

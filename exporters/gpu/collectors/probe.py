@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
-from exporters.gpu.allocator import allocator_families
+from exporters.gpu.allocator import allocator_families, reading_from_state
 from exporters.gpu.collector import DEVICE_LABELS, GpuCollector, Scrape, counter, gauge
 from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.session import Session
@@ -37,21 +37,6 @@ POOL_LABELS = (*DEVICE_PROCESS_LABELS, "pool", "size_class")
 _OPTION = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 MAX_OPTIONS = 16
 MAX_VALUE = 64
-
-
-def _reading(d: Any) -> AllocatorReading:
-    return AllocatorReading(
-        reserved_bytes=d.reserved_bytes,
-        allocated_bytes=d.allocated_bytes,
-        active_bytes=d.active_bytes,
-        inactive_split_bytes=d.inactive_split_bytes,
-        requested_bytes=d.requested_bytes,
-        segments=d.segments,
-        alloc_retries=d.alloc_retries,
-        ooms=d.ooms,
-        largest_free_block_bytes=d.largest_free_block_bytes,
-        total_free_bytes=d.total_free_bytes,
-    )
 
 
 class ProbeCollector(GpuCollector):
@@ -88,7 +73,7 @@ class ProbeCollector(GpuCollector):
             for d in doc.devices:
                 gpu, uuid, model = by_uuid.get(d.uuid, ("", d.uuid, d.name))
                 labels = [gpu, uuid, model, *proc]
-                readings.append((labels, _reading(d)))
+                readings.append((labels, reading_from_state(d)))
                 for p in d.pools:
                     pools.add_metric([*labels, p.pool, p.size_class], float(p.segments))
                     pool_bytes.add_metric([*labels, p.pool, p.size_class], float(p.reserved_bytes))
