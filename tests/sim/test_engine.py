@@ -1,9 +1,10 @@
 """SimEngine end to end (asyncio, compressed time).
 
-Exact timing assertions are possible because the engine's marks are modeled instants (previous deadline +
-modeled duration / speed), not wake-up times: they differ from the roofline figures by float rounding only,
-so the tolerance is 1e-9 relative. Scenarios that must batch deterministically submit every request in one
-event-loop tick behind a batching window, so the first step sees them all however busy the machine is.
+The engine's marks are wall-clock delivery instants, so they equal the roofline figures (previous deadline +
+modeled duration / speed) plus how late the loop woke: timing assertions bound that lateness
+(``WAKE_SLACK``) and check every latency series exactly against the marks. Scenarios that must batch
+deterministically submit every request in one event-loop tick behind a batching window, so the first step
+sees them all however busy the machine is.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from tests.sim.helpers import (
 from tests.sim.roofline_shapes import decode_shape, prefill_shape
 
 WINDOW_US = 1e6  # 1 s modeled: with speed <= 50 that is >= 20 ms of wall time to submit a script in
+WAKE_SLACK = 0.05
+"""How much later than its modeled instant a wall-clock mark may be on a loaded shared CI machine (the timer
+wakes ~0.25 ms late when the machine is free)."""
 
 
 def test_single_request_ttft_and_itl_equal_the_roofline() -> None:
@@ -55,18 +59,27 @@ def test_single_request_ttft_and_itl_equal_the_roofline() -> None:
         decode2 = step_cost(model, gpu, decode_shape(1, prompt_tokens + 1)).total_seconds / speed
         t = stream.timing
         assert t.queued is not None and t.scheduled is not None and t.first_token is not None
-        assert t.scheduled == t.queued  # idle engine, no batching window: scheduled on arrival
-        assert t.first_token - t.scheduled == pytest.approx(prefill, abs=1e-9)
-        assert t.finished == pytest.approx(t.first_token + decode1 + decode2, rel=1e-9)
+        assert t.finished is not None
+        # The marks are wall-clock instants of delivery: never before the modeled instant (idle engine, no
+        # batching window: scheduled on arrival), later only by how late the loop woke.
+        assert 0 <= t.scheduled - t.queued <= WAKE_SLACK
+        assert prefill <= t.first_token - t.queued <= prefill + WAKE_SLACK
+        assert prefill + decode1 + decode2 <= t.finished - t.queued <= prefill + decode1 + decode2 + WAKE_SLACK
+        # Every latency series is exactly those marks.
         labels = engine_labels("deepseek-r1-distill-llama-8b")
         assert sample(reg, "vllm:time_to_first_token_seconds_sum", **labels) == pytest.approx(
             t.first_token - req.arrival_time, abs=1e-9
         )
         assert sample(reg, "vllm:inter_token_latency_seconds_count", **labels) == 2
         assert sample(reg, "vllm:inter_token_latency_seconds_sum", **labels) == pytest.approx(
-            decode1 + decode2, abs=1e-9
+            t.finished - t.first_token, abs=1e-9
         )
-        assert sample(reg, "vllm:request_prefill_time_seconds_sum", **labels) == pytest.approx(prefill, abs=1e-9)
+        assert sample(reg, "vllm:request_prefill_time_seconds_sum", **labels) == pytest.approx(
+            t.first_token - t.scheduled, abs=1e-9
+        )
+        assert sample(reg, "vllm:e2e_request_latency_seconds_sum", **labels) == pytest.approx(
+            t.finished - req.arrival_time, abs=1e-9
+        )
         assert [e.output_tokens for e in events] == [1, 2, 3]
         assert events[-1].finish_reason is FinishReason.LENGTH
         assert all(e.prompt_tokens == prompt_tokens for e in events)
@@ -109,9 +122,12 @@ def test_scripted_scenario_exact_metrics() -> None:
         t0 = streams[0].timing.queued
         assert t0 is not None
         for s in streams:
-            assert s.timing.scheduled == pytest.approx(t0 + window, rel=1e-12)
-            assert s.timing.first_token == pytest.approx(t0 + window + step1 / speed, rel=1e-12)
-            assert s.timing.finished == pytest.approx(t0 + window + (step1 + step2 + step3) / speed, rel=1e-12)
+            # Wall-clock marks: at or after the modeled instant, late only by the loop's wake-up.
+            assert s.timing.scheduled is not None and s.timing.first_token is not None
+            assert s.timing.finished is not None
+            assert 0 <= s.timing.scheduled - (t0 + window) <= WAKE_SLACK
+            assert 0 <= s.timing.first_token - (t0 + window + step1 / speed) <= WAKE_SLACK
+            assert 0 <= s.timing.finished - (t0 + window + (step1 + step2 + step3) / speed) <= WAKE_SLACK
         assert [e.output_tokens for e in outs[0]] == [1, 2, 3]
         assert sample(reg, "vllm:prompt_tokens_total", **lab) == 64
         assert sample(reg, "vllm:generation_tokens_total", **lab) == 6
@@ -135,11 +151,19 @@ def test_scripted_scenario_exact_metrics() -> None:
         assert sample(reg, "vllm:request_queue_time_seconds_sum", **lab) == pytest.approx(
             sum(s.timing.scheduled - s.timing.queued for s in streams if s.timing.scheduled and s.timing.queued)
         )
-        decode = (step2 + step3) / speed
+        # Both requests ran in the same steps, so they share their marks; every latency series is those marks.
         # Differences of monotonic timestamps (~1e5-1e6 s) carry ~1e-10 s of float error: compare to 1 ns.
+        a = streams[0].timing
+        assert a.first_token is not None and a.finished is not None and a.scheduled is not None
+        for s in streams[1:]:
+            assert (s.timing.scheduled, s.timing.first_token, s.timing.finished) == (
+                a.scheduled, a.first_token, a.finished,
+            )  # fmt: skip
+        decode = a.finished - a.first_token
+        assert decode >= (step2 + step3) / speed - WAKE_SLACK
         assert sample(reg, "vllm:request_decode_time_seconds_sum", **lab) == pytest.approx(2 * decode, abs=1e-9)
         assert sample(reg, "vllm:request_inference_time_seconds_sum", **lab) == pytest.approx(
-            2 * (step1 / speed + decode), abs=1e-9
+            2 * (a.finished - a.scheduled), abs=1e-9
         )
         # TPOT = (e2e - ttft) / (n - 1) = decode / 2 for each request.
         assert sample(reg, "vllm:request_time_per_output_token_seconds_sum", **lab) == pytest.approx(decode, abs=1e-9)
@@ -781,3 +805,39 @@ def test_generate_leaves_the_callers_request_unchanged() -> None:
         assert sample(reg, "vllm:request_params_max_tokens_sum", **engine_labels()) == 2048 - 48
 
     run(body())
+
+
+def test_a_lagging_loop_counts_late_steps_and_warns_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """Every wake-up 30 ms late: each step is a late step, the lag gauge shows it while running and drops to 0
+    when idle, the warning is logged once (rate-limited), and TTFT is what the consumer saw."""
+
+    async def body() -> None:
+        engine, reg = make_engine(speed=1.0)
+        real = engine._sleep_until
+
+        async def late(when: float) -> None:
+            await real(max(when, time.monotonic()) + 0.03)
+
+        engine._sleep_until = late  # type: ignore[method-assign]
+        await engine.start()
+        req = request("r1", max_tokens=4)
+        stream = await engine.generate(req)
+        seen: list[float] = []
+        async for _ in stream:
+            seen.append(time.monotonic())
+            if len(seen) == 2:
+                assert sample(reg, "loadlens_sim_lag_seconds") >= 0.03
+        await until(lambda: sample(reg, "loadlens_sim_lag_seconds") == 0.0)
+        await engine.stop()
+        steps = sample(reg, "loadlens_sim_timing_error_seconds_count")
+        assert steps == 4
+        assert sample(reg, "loadlens_sim_late_steps_total") == steps
+        ttft = sample(reg, "vllm:time_to_first_token_seconds_sum", **engine_labels())
+        # Measured, not modeled (the modeled TTFT is ~1 ms): within 5 ms of when the consumer got the token.
+        assert abs((seen[0] - req.arrival_time) - ttft) < 0.005
+        assert ttft > 0.03
+
+    with caplog.at_level("WARNING", logger="exporters.serving.engines.sim.engine"):
+        run(body())
+    warnings = [r for r in caplog.records if "behind real time" in r.getMessage()]
+    assert len(warnings) == 1

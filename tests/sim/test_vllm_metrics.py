@@ -59,6 +59,8 @@ def test_exposed_names_and_label_sets() -> None:
         'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="deferred"} 0.0',
         'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0',
         "loadlens_sim_schedule_slips_total 0.0",
+        "loadlens_sim_late_steps_total 0.0",
+        "loadlens_sim_lag_seconds 0.0",
     ]:
         assert line in text
     assert "# TYPE vllm:iteration_tokens_total histogram" in text
@@ -215,10 +217,23 @@ def test_rejections_preemptions_and_wakeups() -> None:
     m.record_preemptions(0)
     m.record_preemptions(3)
     m.record_wakeup(-0.001, slipped=False)  # early wake-ups count as 0 lateness
-    m.record_wakeup(0.5, slipped=True)
+    assert value(reg, "loadlens_sim_lag_seconds") == 0.0
+    m.record_wakeup(0.5, slipped=True, late_step=True)
+    assert value(reg, "loadlens_sim_lag_seconds") == 0.5
+    assert value(reg, "loadlens_sim_late_steps_total") == 1
+    # Seconds of lateness land in a finite bucket (the largest is 30 s).
+    assert value(reg, "loadlens_sim_timing_error_seconds_bucket", le="0.25") == 1
+    assert value(reg, "loadlens_sim_timing_error_seconds_bucket", le="0.5") == 2
+    m.record_wakeup(4.0, slipped=True, late_step=True)
+    assert value(reg, "loadlens_sim_timing_error_seconds_bucket", le="2.5") == 2
+    assert value(reg, "loadlens_sim_timing_error_seconds_bucket", le="5.0") == 3
+    assert value(reg, "loadlens_sim_timing_error_seconds_bucket", le="30.0") == 3
+    m.set_lag(0.0)
+    assert value(reg, "loadlens_sim_lag_seconds") == 0.0
     assert value(reg, "vllm:admission_rejections_total", model_name="m", reason="max_num_queued_tokens") == 1
     assert value(reg, "vllm:admission_rejections_total", model_name="m", reason="max_num_queued_reqs") == 0
     assert value(reg, "vllm:num_preemptions_total", **LAB) == 3
-    assert value(reg, "loadlens_sim_timing_error_seconds_sum") == 0.5
-    assert value(reg, "loadlens_sim_timing_error_seconds_count") == 2
-    assert value(reg, "loadlens_sim_schedule_slips_total") == 1
+    assert value(reg, "loadlens_sim_timing_error_seconds_sum") == 4.5
+    assert value(reg, "loadlens_sim_timing_error_seconds_count") == 3
+    assert value(reg, "loadlens_sim_schedule_slips_total") == 2
+    assert value(reg, "loadlens_sim_late_steps_total") == 2

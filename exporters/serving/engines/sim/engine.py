@@ -5,9 +5,13 @@ engine it waits up to ``batching_window_us`` (or until the batch is full) so mor
 step. Each step the scheduler plans a batch, the roofline model prices it, and the loop sleeps until the
 step's absolute deadline (previous deadline + modeled duration / ``speed``, so errors never accumulate);
 then every sampled request gets one token. Engine-side timestamps (``RequestTiming`` marks and every
-``vllm:*`` latency) are those modeled instants on the ``time.monotonic()`` clock; how late the loop actually
-woke is ``loadlens_sim_timing_error_seconds``. If it falls more than 0.25 s behind, the schedule restarts
-from "now" (``loadlens_sim_schedule_slips_total``) so the marks never drift away from what clients see.
+``vllm:*`` latency) are wall-clock ``time.monotonic()`` instants of what really happened: a request is
+scheduled when the loop planned the step that took it, and a token is produced when its event is handed to
+the request's stream, however late the loop woke. So when the sim cannot keep real time, its histograms
+show the latency clients saw, like a real server's. How late the loop woke is
+``loadlens_sim_timing_error_seconds`` (and ``loadlens_sim_lag_seconds``, ``loadlens_sim_late_steps_total``,
+a warning at most every :data:`LAG_LOG_INTERVAL` seconds); if it falls more than 0.25 s behind, the schedule
+restarts from "now" (``loadlens_sim_schedule_slips_total``) instead of racing through the backlog.
 
 Usage::
 
@@ -73,6 +77,12 @@ log = logging.getLogger(__name__)
 
 SLIP_SECONDS = 0.25
 """Lateness beyond which the loop gives up catching up and restarts its schedule from now."""
+
+LATE_SECONDS = 0.002
+"""A wake-up later than this against its deadline is a late step (the sim's 2 ms p99 timing goal)."""
+
+LAG_LOG_INTERVAL = 10.0
+"""Seconds between two "behind real time" warnings, at most."""
 
 
 @dataclass(eq=False, slots=True)
@@ -140,6 +150,9 @@ class SimEngine(Engine):
         self._stopping = False
         self._crashed: BaseException | None = None
         self._counter = 0
+        self._last_lag_log = -math.inf
+        self._late_since_log = 0
+        self._slips_since_log = 0
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -272,6 +285,7 @@ class SimEngine(Engine):
                 if not self._sched.has_work() and not self._ops:
                     self._sched.num_deferred = 0
                     self._publish()
+                    self._metrics.set_lag(0.0)
                     self._was_idle = True
                     self._idle = loop.create_future()
                     await self._idle
@@ -318,12 +332,25 @@ class SimEngine(Engine):
             return
         await self._timer.sleep_until(when)
 
-    def _advance_cursor(self, deadline: float) -> None:
+    def _advance_cursor(self, deadline: float) -> float:
+        """Record how late the loop woke for ``deadline``, move the schedule on; returns now (wall)."""
         now = time.monotonic()
         late = now - deadline
         slipped = late > SLIP_SECONDS
-        self._metrics.record_wakeup(late, slipped=slipped)
+        self._metrics.record_wakeup(late, slipped=slipped, late_step=late > LATE_SECONDS)
         self._cursor = now if slipped else deadline
+        if late > LATE_SECONDS:
+            self._late_since_log += 1
+            self._slips_since_log += slipped
+            if now - self._last_lag_log >= LAG_LOG_INTERVAL:
+                log.warning(
+                    "sim engine is %.3f s behind real time (%d late steps, %d schedule restarts since the last "
+                    "such warning); its latencies are measured as delivered, so they include this lag",
+                    late, self._late_since_log, self._slips_since_log,
+                )  # fmt: skip
+                self._last_lag_log = now
+                self._late_since_log = self._slips_since_log = 0
+        return now
 
     async def _step(self) -> None:
         speed = self.speed
@@ -343,9 +370,10 @@ class SimEngine(Engine):
             return
         # Marks first, while every planned request is still live (a failed adapter below may end some).
         live = self._live
+        planned = time.monotonic()  # when this step really took its requests (t0 if the loop keeps time)
         for req in batch.newly_scheduled:
             timing = live[req.request_id].stream.timing
-            timing.scheduled = max(t0, timing.queued) if timing.queued is not None else t0
+            timing.scheduled = max(planned, timing.queued) if timing.queued is not None else planned
         for req in batch.preempted:
             live[req.request_id].stream.timing.preemptions += 1
         factor = math.exp(self._jitter_rng.gauss(0.0, self.jitter)) if self.jitter else 1.0
@@ -361,10 +389,12 @@ class SimEngine(Engine):
         self._metrics.record_step(stats)
 
         await self._sleep_until(step.end)
-        self._advance_cursor(step.end)
+        now = self._advance_cursor(step.end)
         if step.cost.stall_seconds:
             self._live.charge_block(t0, step.stall_end)
-        it, finished = emit_tokens(self._live, self._sched.complete(batch), step.end, self._words)
+        # Tokens are stamped when they are handed to the streams (now), not at the modeled step end: a late
+        # loop delivers late, and a real server's histograms show what it delivered.
+        it, finished = emit_tokens(self._live, self._sched.complete(batch), now, self._words)
         self._metrics.record_iteration(it)
         if finished:
             self._sched.finish(finished)

@@ -196,6 +196,17 @@ class VllmMetrics:
             "Times the simulator fell so far behind its deadlines that it restarted its schedule from now.",
             registry=registry,
         )
+        self.late_steps = self._counter_cls(
+            "loadlens_sim_late_steps",
+            "Steps (and adapter reads) whose wake-up came more than 2 ms after their deadline.",
+            registry=registry,
+        )
+        self.lag = self._gauge_cls(
+            "loadlens_sim_lag_seconds",
+            "How far behind its schedule the simulator delivered its last step (0 when idle or on time).",
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
         self.adapter_load_seconds = self._histogram_cls(
             "loadlens_sim_adapter_load_seconds",
             "Wall time the step loop was blocked by one adapter load.",
@@ -298,8 +309,16 @@ class VllmMetrics:
     def record_adapter_load(self, source: str, seconds: float) -> None:
         self.adapter_loads[source].observe(seconds)
 
-    def record_wakeup(self, late: float, *, slipped: bool) -> None:
-        """How late the loop woke against a deadline (clamped at 0), and whether it restarted its schedule."""
-        self.timing_error.observe(late if late > 0 else 0.0)
+    def record_wakeup(self, late: float, *, slipped: bool, late_step: bool = False) -> None:
+        """How late the loop woke against a deadline (clamped at 0), whether that makes a late step, and
+        whether it restarted its schedule."""
+        late = late if late > 0 else 0.0
+        self.timing_error.observe(late)
+        self.lag.set(late)
+        if late_step:
+            self.late_steps.inc()
         if slipped:
             self.slips.inc()
+
+    def set_lag(self, seconds: float) -> None:
+        self.lag.set(seconds)
