@@ -44,6 +44,7 @@ DEFAULT_INTERVAL = 5.0
 DEFAULT_SNAPSHOT_INTERVAL = 30.0
 DEFAULT_MAX_SNAPSHOT_INTERVAL = 600.0
 DEFAULT_SNAPSHOT_BUDGET = 0.01
+EARLY_WRITE_GAP_S = 0.05  # least time between two writes that LoRA loads brought forward
 
 
 def alloc_conf(env: Mapping[str, str]) -> dict[str, str]:
@@ -101,6 +102,7 @@ class Probe:
         self._lora_seconds = [0.0, 0.0]
         self._graph_seconds: float | None = None
         self._stop = threading.Event()
+        self._publish = threading.Event()  # set by record_lora_load: publish without waiting for the interval
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -129,6 +131,9 @@ class Probe:
             if on_demand:
                 self._lora_counts[1] += 1
                 self._lora_seconds[1] += seconds
+        # A reader attributing stream stalls to swaps (the proxy's swap feed) wants the window soon; the
+        # write itself happens on the probe's thread, never on the caller's (vLLM's model runner).
+        self._publish.set()
 
     def record_cuda_graph_capture(self, seconds: float) -> None:
         """Time spent capturing CUDA graphs; several calls add up."""
@@ -153,6 +158,7 @@ class Probe:
         """Stop the thread and remove this process's document (idempotent)."""
         self._stopped = True
         self._stop.set()
+        self._publish.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(5.0, self.interval))
@@ -169,8 +175,17 @@ class Probe:
                 self._error("remove", err)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        # Every interval, and soon after a LoRA load (at most one early write per EARLY_WRITE_GAP_S, so a burst
+        # of loads costs a few writes, not one per load).
+        while not self._stop.is_set():
+            woken = self._publish.wait(self.interval)
+            if self._stop.is_set():
+                return
+            if woken:
+                self._publish.clear()
             self.write_now()
+            if woken and self._stop.wait(EARLY_WRITE_GAP_S):
+                return
 
     def _error(self, where: str, err: BaseException) -> None:
         self.errors_total += 1

@@ -43,6 +43,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     env_arg(p, "--engine", choices=["sim", "openai"], default="sim", help="engine behind the HTTP layer")
     env_arg(p, "--upstream", default=None, help="upstream base URL for --engine openai, e.g. http://127.0.0.1:8001")
     env_arg(p, "--upstream-api-key", default=None, help="bearer token sent to the upstream (openai engine)")
+    env_arg(
+        p,
+        "--upstream-probe-dir",
+        type=Path,
+        default=None,
+        help="openai engine: the upstream's probe directory (loadlens vLLM plugin); its LoRA loads, on-demand ones "
+        "included, become swap windows for the blocking attribution",
+    )
+    env_arg(
+        p,
+        "--upstream-probe-hostname",
+        default=None,
+        help="with --upstream-probe-dir: use only documents written on this hostname (the upstream's container or "
+        "pod), for a directory several servers share; default: every document",
+    )
     env_arg(p, "--model-profile", default="tiny", help="sim model profile: a name (see --list-profiles) or a YAML path")
     env_arg(p, "--gpu-profile", default="h100-sxm", help="sim GPU profile: a name or a YAML path")
     env_arg(p, "--served-model-name", default=None, help="model name clients use (sim; default: the profile name)")
@@ -85,10 +100,21 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
         if _knob_overrides(args):
             raise UsageError("--knob applies to the sim engine only; configure the upstream server itself")
         try:
-            return OpenAIProxyEngine(args.upstream, api_key=args.upstream_api_key)
+            engine = OpenAIProxyEngine(args.upstream, api_key=args.upstream_api_key)
         except ValueError as err:
             raise UsageError(str(err)) from err
+        if args.upstream_probe_dir is not None:
+            if args.upstream_probe_dir.exists() and not args.upstream_probe_dir.is_dir():
+                raise UsageError(f"--upstream-probe-dir {args.upstream_probe_dir} is not a directory")
+            from exporters.serving.probe_swap_feed import ProbeSwapFeed
 
+            ProbeSwapFeed(
+                args.upstream_probe_dir, engine.swap_windows, registry=registry, hostname=args.upstream_probe_hostname
+            ).start()
+        return engine
+
+    if args.upstream_probe_dir is not None or args.upstream_probe_hostname:
+        raise UsageError("--upstream-probe-dir applies to --engine openai only (the sim knows its own swaps)")
     from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile
 
     try:

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.gpu.collectors import probe as probe_collector
 from exporters.gpu.nvml import Nvml
-from exporters.gpu.probe_reader import DROP_REASONS, ProbeReader
+from loadlens.util.probe_directory import DROP_REASONS, ProbeReader
 from exporters.gpu.server import GpuExporter
 from exporters.gpu.sim import SimNvml
 from exporters.gpu.sim_sources import StaticSource

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,29 @@ def test_lora_and_cuda_graph_events(tmp_path: Path) -> None:
     assert ev.lora_load_seconds_total == pytest.approx(0.25 + 0.5 + 40 * 0.125)
     assert ev.lora_on_demand_load_seconds_total == pytest.approx(0.25 + 40 * 0.125)
     assert ev.cuda_graph_capture_seconds == 4.0
+
+
+def test_a_lora_load_is_published_before_the_interval(tmp_path: Path) -> None:
+    # The proxy's swap feed attributes stalls to the window only once it can read it: a load must not wait
+    # for the next 5 s (here 60 s) write. The thread writes it within the early-write gap, not the interval.
+    probe = Probe("vllm-worker", tmp_path, fake_torch(cuda_two_devices()), hostname="node-a", interval=60.0)
+    probe.start()
+    try:
+        assert read(probe).events.lora_loads_total == 0
+        probe.record_lora_load("sql-lora", 8, 100.0, 100.5, on_demand=True)
+        deadline = time.monotonic() + 5.0
+        while read(probe).events.lora_loads_total == 0:
+            assert time.monotonic() < deadline, "the load was not published early"
+            time.sleep(0.01)
+        assert [e.adapter for e in read(probe).events.lora_loads] == ["sql-lora"]
+        ticks = probe.ticks_total
+        for i in range(20):  # a burst: a few early writes, not one per load
+            probe.record_lora_load(f"a{i}", 8, 101.0 + i, 101.25 + i, on_demand=False)
+        time.sleep(0.3)
+        assert 1 <= probe.ticks_total - ticks <= 7
+        assert read(probe).events.lora_loads_total == 21
+    finally:
+        probe.stop()
 
 
 def test_a_failing_allocator_read_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -81,6 +81,12 @@ def test_knobs_from_the_environment_and_flags(
         (["serve"], {"LOADLENS_ENGINE": "magic"}, "LOADLENS_ENGINE='magic'"),
         (["serve", "--lora-root", "/nonexistent/dir"], {}, "is not a directory"),
         (["serve", "--knob", "oops"], {}, "expected NAME=VALUE"),
+        (["serve", "--upstream-probe-dir", "/tmp"], {}, "--upstream-probe-dir applies to --engine openai only"),
+        (
+            ["serve", "--engine", "openai", "--upstream", "http://x:1", "--upstream-probe-dir", "/etc/hostname"],
+            {},
+            "--upstream-probe-dir /etc/hostname is not a directory",
+        ),
         (
             ["serve"],
             {"LOADLENS_KNOB": "scheduling_policy=priority,oops"},

@@ -24,10 +24,10 @@ from loadlens.contracts.allocator_math import AllocatorReading
 if TYPE_CHECKING:
     # Pydantic models: imported only where the collector is built, so a lean install without pydantic
     # still starts the nvml backend (the probe collector then cannot be selected).
-    from exporters.gpu.probe_reader import ProbeReader
+    from loadlens.util.probe_directory import ProbeReader
     from loadlens.contracts.probe_document import ProbeDocument
 
-# As exporters.gpu.probe_reader.DROP_REASONS (a test keeps them equal).
+# As loadlens.util.probe_directory.DROP_REASONS (a test keeps them equal).
 DROP_REASONS = ("corrupt", "version", "stale", "pid_gone", "pid_reused", "duplicate", "too_large", "too_many")
 
 PROCESS_LABELS = ("pid", "role")
@@ -160,7 +160,7 @@ class _ProcessFamilies:
 
 
 def _build(ctx: BuildContext) -> ProbeCollector:
-    from exporters.gpu.probe_reader import ProbeReader
+    from loadlens.util.probe_directory import ProbeReader
 
     if ctx.probe_dir is None:
         return ProbeCollector(ctx.session, reader=None, timer=ctx.timer, clock=ctx.clock)

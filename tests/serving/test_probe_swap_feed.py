@@ -1,0 +1,223 @@
+"""The proxy's swap feed from the upstream's probe documents: unit behaviour, and blocking attribution of
+on-demand loads the proxy never saw, against the sim's ground truth.
+
+Documents are written by the real probe (``exporters.probe.Probe``) over a fake torch, as the vLLM plugin's
+probe writes them in a GPU worker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from exporters.probe import Probe
+from exporters.serving.app import ServeSettings, create_app
+from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
+from exporters.serving.probe_swap_feed import ProbeSwapFeed
+from exporters.serving.swap_windows import SwapWindows
+from exporters.serving.tracing import Tracing
+from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
+from tests.support.server import serve_app
+
+WALL0, MONO0 = 1_800_000_000.0, 5_000.0  # the fake clocks: Unix time WALL0 is monotonic MONO0
+
+
+def _probe(directory: Path, hostname: str, role: str = "vllm-worker") -> Probe:
+    # Two writers in one test process share its pid: they differ by hostname (the file) and role (the reader
+    # keeps one document per process and role).
+    cuda = FakeCuda({0: stats(16 * MIB, 2 * MIB, 1_000_000)}, [])
+    return Probe(role, directory, fake_torch(cuda), hostname=hostname, clock=time.time)
+
+
+def _value(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float | None:
+    return registry.get_sample_value(name, labels or {})
+
+
+def _feed(
+    directory: Path, windows: SwapWindows, registry: CollectorRegistry, hostname: str | None = None
+) -> ProbeSwapFeed:
+    return ProbeSwapFeed(
+        directory, windows, registry=registry, hostname=hostname, wall=lambda: WALL0 + 10.0, mono=lambda: MONO0 + 10.0
+    )
+
+
+def test_loads_become_windows_on_the_monotonic_clock_once_each(tmp_path: Path) -> None:
+    probe = _probe(tmp_path, "vllm-0")
+    probe.record_lora_load("sql-lora", 8, WALL0 + 1.0, WALL0 + 1.25, on_demand=True)
+    probe.record_lora_load("chat-lora", 16, WALL0 + 2.0, WALL0 + 2.5, on_demand=False)
+    probe.write_now()
+    windows, registry = SwapWindows(), CollectorRegistry()
+    feed = _feed(tmp_path, windows, registry)
+    assert feed.poll_once() == 2
+    assert [(w.adapter, w.operation, w.start, w.end) for w in windows.snapshot()] == [
+        ("sql-lora", "load", MONO0 + 1.0, MONO0 + 1.25),
+        ("chat-lora", "load", MONO0 + 2.0, MONO0 + 2.5),
+    ]
+    assert feed.poll_once() == 0  # the same document again: nothing new
+    probe.record_lora_load("sql-lora", 8, WALL0 + 3.0, WALL0 + 3.125, on_demand=True)
+    probe.write_now()
+    assert feed.poll_once() == 1
+    assert len(windows) == 3
+    assert _value(registry, "loadlens_proxy_probe_swap_windows_total", {"on_demand": "true"}) == 2.0
+    assert _value(registry, "loadlens_proxy_probe_swap_windows_total", {"on_demand": "false"}) == 1.0
+    assert _value(registry, "loadlens_proxy_probe_swap_feed_failures_total") == 0.0
+    probe.stop()
+
+
+def test_hostname_keeps_other_servers_documents_out(tmp_path: Path) -> None:
+    mine, other = _probe(tmp_path, "pod-a"), _probe(tmp_path, "pod-b", role="vllm-worker-b")
+    mine.record_lora_load("a", 8, WALL0 + 1.0, WALL0 + 1.5, on_demand=True)
+    other.record_lora_load("b", 8, WALL0 + 1.0, WALL0 + 1.5, on_demand=True)
+    mine.write_now()
+    other.write_now()
+    windows = SwapWindows()
+    assert _feed(tmp_path, windows, CollectorRegistry(), hostname="pod-a").poll_once() == 1
+    assert [w.adapter for w in windows.snapshot()] == ["a"]
+    every = SwapWindows()
+    assert _feed(tmp_path, every, CollectorRegistry()).poll_once() == 2
+    mine.stop()
+    other.stop()
+
+
+def test_bad_files_and_a_missing_directory_never_fail(tmp_path: Path) -> None:
+    (tmp_path / "probe-x-1.json").write_text("{not json", encoding="utf-8")
+    (tmp_path / "probe-x-2.json").write_text(json.dumps({"version": 99}), encoding="utf-8")
+    windows, registry = SwapWindows(), CollectorRegistry()
+    assert _feed(tmp_path, windows, registry).poll_once() == 0
+    assert _feed(tmp_path / "absent", windows, CollectorRegistry()).poll_once() == 0
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("", encoding="utf-8")
+    failing = CollectorRegistry()
+    assert _feed(not_a_dir, windows, failing).poll_once() == 0
+    assert _value(failing, "loadlens_proxy_probe_swap_feed_failures_total") == 1.0
+    assert len(windows) == 0
+
+
+def test_the_thread_polls_until_stopped(tmp_path: Path) -> None:
+    windows = SwapWindows()
+    feed = ProbeSwapFeed(tmp_path, windows, registry=CollectorRegistry(), poll_interval_s=0.02).start()
+    try:
+        probe = _probe(tmp_path, "vllm-0")
+        now = time.time()
+        probe.record_lora_load("late", 8, now - 0.5, now - 0.25, on_demand=True)
+        probe.write_now()
+        deadline = time.monotonic() + 5
+        while not len(windows):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (w,) = windows.snapshot()
+        assert w.end - w.start == pytest.approx(0.25, abs=1e-6)
+        assert abs(w.end - (time.monotonic() - 0.25)) < 0.5  # converted onto this clock
+        probe.stop()
+    finally:
+        feed.stop()
+    with pytest.raises(ValueError, match="poll interval"):
+        ProbeSwapFeed(tmp_path, windows, poll_interval_s=0)
+
+
+N = 6
+
+
+def _adapter(root: Path, name: str) -> None:
+    # Llama-8B shape, rank 256, all linear layers: 1.34 GB in bf16, read at 2 GB/s and speed 2: ~336 ms.
+    (root / name).mkdir(parents=True)
+    doc = {"r": 256, "lora_alpha": 512, "target_modules": "all-linear"}
+    (root / name / "adapter_config.json").write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _total(registry: CollectorRegistry, name: str) -> float:
+    return sum(s.value for m in registry.collect() for s in m.samples if s.name == name)
+
+
+def _stream(url: str, started: threading.Event, errors: list[BaseException]) -> None:
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 600, "ignore_eos": True, "stream": True}
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    started.set()
+    except BaseException as err:
+        errors.append(err)
+        started.set()
+
+
+@pytest.mark.slow
+def test_loads_the_proxy_never_forwarded_are_attributed_from_the_probe(tmp_path: Path) -> None:
+    """Adapters are loaded on the sim directly (as vLLM loads one on demand inside its worker): the proxy sees
+    no call. A stand-in for the vLLM plugin records each of the sim's loop-blocking windows into a real probe,
+    the proxy's feed reads the probe directory, and the proxy's blocking must match the sim's ground truth."""
+    root, probe_dir = tmp_path / "adapters", tmp_path / "probe"
+    _adapter(root, "a1")
+    _adapter(root, "a2")
+    sim_registry, proxy_registry = CollectorRegistry(), CollectorRegistry()
+    sim = SimEngine(
+        load_model_profile("deepseek-r1-distill-llama-8b"),
+        load_gpu_profile("h100-sxm"),
+        registry=sim_registry,
+        speed=2.0,
+        served_model_name="tiny",
+        knobs={"max_lora_rank": 256},
+    )
+    probe = Probe("vllm-worker", probe_dir, fake_torch(FakeCuda({}, [])), hostname="vllm-0", interval=60.0)
+    probe.start()
+    blocked_on = sim._live.charge_block
+    sim_windows: list[tuple[float, float]] = []
+
+    def charge_block(start: float, end: float) -> None:  # what the plugin's add_adapter wrapper records
+        blocked_on(start, end)
+        sim_windows.append((start, end))
+        offset = time.time() - time.monotonic()
+        probe.record_lora_load(f"a{len(sim_windows)}", 256, start + offset, end + offset, on_demand=True)
+
+    sim._live.charge_block = charge_block  # type: ignore[method-assign]
+    sim_app = create_app(
+        sim, ServeSettings(admin_token="t", lora_root=root), registry=sim_registry, tracing=Tracing.disabled()
+    )
+    with serve_app(sim_app) as sim_url:
+        proxy = OpenAIProxyEngine(sim_url, api_key="t")
+        feed = ProbeSwapFeed(probe_dir, proxy.swap_windows, registry=proxy_registry, hostname="vllm-0").start()
+        proxy_app = create_app(proxy, ServeSettings(), registry=proxy_registry, tracing=Tracing.disabled())
+        try:
+            with serve_app(proxy_app) as proxy_url:
+                errors: list[BaseException] = []
+                started = [threading.Event() for _ in range(N)]
+                threads = [threading.Thread(target=_stream, args=(proxy_url, e, errors), daemon=True) for e in started]
+                for t in threads:
+                    t.start()
+                for e in started:
+                    assert e.wait(30)
+                time.sleep(0.2)
+                with httpx.Client(base_url=sim_url, headers={"Authorization": "Bearer t"}, timeout=30) as admin:
+                    for name in ("a1", "a2"):
+                        response = admin.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": name})
+                        assert response.status_code == 200
+                        time.sleep(0.2)
+                for t in threads:
+                    t.join(60)
+                assert errors == []
+        finally:
+            feed.stop()
+            probe.stop()
+
+    assert len(sim_windows) == 2
+    loads = [(w.adapter, w.operation) for w in proxy.swap_windows.snapshot()]
+    assert loads == [("a1", "load"), ("a2", "load")]  # from the probe alone: the proxy forwarded no call
+    sim_sum = _total(sim_registry, "loadlens_lora_swap_blocking_seconds_sum")
+    proxy_sum = _total(proxy_registry, "loadlens_lora_swap_blocking_seconds_sum")
+    sim_delayed = _total(sim_registry, "loadlens_lora_swap_delayed_requests_total")
+    proxy_delayed = _total(proxy_registry, "loadlens_lora_swap_delayed_requests_total")
+    window_sum = sum(end - start for start, end in sim_windows)
+    print(f"\nsim={sim_sum:.4f} proxy={proxy_sum:.4f} windows={window_sum:.4f} delayed={sim_delayed}/{proxy_delayed}")
+    assert sim_sum == pytest.approx(N * window_sum, abs=1e-9)
+    assert sim_delayed == proxy_delayed == N
+    # Same windows on both sides; the proxy sees each request's last token before a window one loopback hop
+    # after the sim emitted it, so per request and load it can only charge less, by at most that hop.
+    assert 0 <= sim_sum - proxy_sum <= N * len(sim_windows) * 0.05
