@@ -7,6 +7,12 @@ word (about 4 characters per token), close to real BPE vocabularies. Token ids a
 (CRC-32, not Python's salted ``hash``), so equal prompts give equal ids in every process; prefix caching hashes
 those ids.
 
+Memory: ``encode`` keeps recent results in a cache bounded by bytes (:data:`CACHE_BYTES`), keyed by a 128-bit
+BLAKE2b digest of the text (not the text itself) and holding the ids as a compact ``array`` (2 bytes a token for
+vocabularies up to 65,536), so unique long prompts cannot grow the process without bound. Text that cannot be
+UTF-8 encoded (lone surrogates) is counted as its code points encoded with ``surrogatepass``; the serving layer
+refuses such text with a 400 before it gets here.
+
 Generation: a fixed vocabulary of two- and three-letter pseudo-words drawn from the engine seed. Each output
 token is one pseudo-word (with a leading space after the first), so re-tokenizing generated text with
 :func:`count_tokens` gives back exactly the engine's output token count.
@@ -14,29 +20,107 @@ token is one pseudo-word (with a leading space after the first), so re-tokenizin
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import random
 import re
+import threading
 import zlib
+from array import array
+from collections import OrderedDict
 
 PIECE_CHARS = 4
 """Characters per token for long pieces (BPE merges about four characters of English)."""
 VOCAB_WORDS = 4096
 WORD_BITS = 12
-_PIECE = re.compile(r" ?[^\W\d_]+| ?\d{1,3}| ?[^\w\s]+|\s+|_+")
+PIECE_PATTERN = r" ?[^\W\d_]+| ?\d{1,3}| ?[^\w\s]+|\s+|_+"
+"""How text splits into pieces before each piece is cut into :data:`PIECE_CHARS`-character tokens."""
+_PIECE = re.compile(PIECE_PATTERN)
 _CONSONANTS = "bdfghklmnprstvz"
 _VOWELS = "aeiou"
 
+CACHE_BYTES = 32 * 1024 * 1024
+"""Bytes of token ids the encode cache may hold (about 800 prompts of 21k tokens, 16M tokens in all)."""
+_ENTRY_OVERHEAD = 200
+"""Per cached prompt beyond its ids: the digest key, the array header and the dict slot (measured ~190)."""
 
-@functools.lru_cache(maxsize=4096)
-def encode(text: str, vocab: int = 32000) -> tuple[int, ...]:
-    """Token ids of ``text`` (cached: load tests repeat prompts)."""
-    ids: list[int] = []
+
+class _EncodeCache:
+    """LRU of ``digest(text, vocab) -> ids`` bounded by the bytes it holds, not by entry count."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[bytes, array[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _cost(ids: array[int]) -> int:
+        return len(ids) * ids.itemsize + _ENTRY_OVERHEAD
+
+    def get(self, key: bytes) -> array[int] | None:
+        with self._lock:
+            ids = self._entries.get(key)
+            if ids is not None:
+                self._entries.move_to_end(key)
+            return ids
+
+    def put(self, key: bytes, ids: array[int]) -> None:
+        cost = self._cost(ids)
+        if cost > self.max_bytes // 4:
+            return  # one huge prompt must not flush everything else
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = ids
+            self.bytes += cost
+            while self.bytes > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self.bytes -= self._cost(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_cache = _EncodeCache(CACHE_BYTES)
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _encode(text: str, vocab: int) -> array[int]:
+    ids = array("H" if vocab <= 1 << 16 else "I")
+    append = ids.append
+    crc32 = zlib.crc32
     for match in _PIECE.finditer(text):
         piece = match.group()
         for start in range(0, len(piece), PIECE_CHARS):
-            ids.append(zlib.crc32(piece[start : start + PIECE_CHARS].encode()) % vocab)
+            append(crc32(_utf8(piece[start : start + PIECE_CHARS])) % vocab)
+    return ids
+
+
+def encode(text: str, vocab: int = 32000) -> tuple[int, ...]:
+    """Token ids of ``text``; recent results are cached (load tests repeat prompts) within CACHE_BYTES."""
+    key = hashlib.blake2b(_utf8(text), digest_size=16, person=vocab.to_bytes(8, "little")).digest()
+    ids = _cache.get(key)
+    if ids is None:
+        ids = _encode(text, vocab)
+        _cache.put(key, ids)
     return tuple(ids)
+
+
+def cache_bytes() -> int:
+    """Bytes the encode cache holds now (ids plus per-entry overhead)."""
+    return _cache.bytes
+
+
+def clear_cache() -> None:
+    _cache.clear()
 
 
 def count_tokens(text: str) -> int:
