@@ -1,5 +1,5 @@
 """The serving engine dashboard: scheduler, KV cache, batch size, request phases, priority classes, LoRA,
-rejections.
+rejections, and the simulator's own timing (sim engine only).
 
 Constant thresholds (KV cache, fairness, swap share) come from the SLO file, baked in at generation time.
 """
@@ -210,11 +210,41 @@ def dashboard(slos: SLOConfig) -> Dashboard:
             ),
         ),
     )
+    sim = Row(
+        "Simulator timing (sim engine only)",
+        (
+            Panel(
+                "Sim lag behind real time",
+                "s",
+                (
+                    Target(f"max(loadlens_sim_lag_seconds{{{SERVE_ANY}}})", "lag now"),
+                    Target(quantile(0.99, "loadlens_sim_timing_error_seconds", SERVE_ANY), "wake-up lateness p99"),
+                    Target(mean("loadlens_sim_timing_error_seconds", SERVE_ANY), "wake-up lateness mean"),
+                ),
+                "How late the simulated engine delivered its steps against its modeled schedule. Its latency "
+                "series are measured as delivered, so they include this lag; above ~2 ms the sim is not keeping "
+                "real time (CPU-starved) and the modeled GPU is faster than what clients see.",
+                threshold=Threshold(0.002),
+                min=0,
+            ),
+            Panel(
+                "Late steps and schedule restarts",
+                "ops",
+                (
+                    Target(f"sum({rate('loadlens_sim_late_steps_total', SERVE_ANY)})", "late steps/s (> 2 ms)"),
+                    Target(f"sum({rate('loadlens_sim_schedule_slips_total', SERVE_ANY)})", "schedule restarts/s"),
+                ),
+                "Steps that woke more than 2 ms after their deadline, and restarts of the schedule after falling "
+                "more than 0.25 s behind.",
+                min=0,
+            ),
+        ),
+    )
     return Dashboard(
         uid="loadlens-serving",
         title="loadlens / Serving engine",
         description="Scheduler, KV cache, batch size, preemptions, request phases, priority classes, LoRA, rejections.",
-        rows=(sched, phases, classes, lora, rejects),
+        rows=(sched, phases, classes, lora, rejects, sim),
         variables=variables(f"loadlens_build_info{{{job_selector(SERVE_JOB)}}}"),
         annotations=(stage_annotation(), alerts_annotation()),
     )
