@@ -116,10 +116,20 @@ class Probe:
         atexit.register(self._remove_document)
         return self
 
-    def record_lora_load(self, adapter: str, rank: int | None, start: float, end: float, *, on_demand: bool) -> None:
-        """One adapter load (Unix times); kept in a ring of the last MAX_LORA_EVENTS plus running totals."""
+    def record_lora_load(
+        self, adapter: str, rank: int | None, start: float, end: float, *, on_demand: bool, source: str = "storage"
+    ) -> None:
+        """One adapter load into a GPU slot (Unix times), read from storage or moved from vLLM's CPU cache; kept
+        in a ring of the last MAX_LORA_EVENTS plus running totals."""
         try:
-            event = LoraLoad(adapter=adapter[:256], rank=rank, start=start, end=end, on_demand=on_demand)
+            event = LoraLoad(
+                adapter=adapter[:256],
+                rank=rank,
+                start=start,
+                end=end,
+                on_demand=on_demand,
+                source=source,  # type: ignore[arg-type]  # validated by the model
+            )
         except Exception as err:  # a bad call from a plugin must not break the serving process
             self._error("record_lora_load", err)
             return

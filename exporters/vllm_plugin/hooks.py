@@ -108,11 +108,24 @@ def _rank(lora_model: Any) -> int | None:
     return None
 
 
-def _record_lora(probe: ProbeLike, request: Any, lora_model: Any, start: tuple[float, float]) -> None:
+def _record_lora(
+    probe: ProbeLike, request: Any, lora_model: Any, start: tuple[float, float], source: str = "storage"
+) -> None:
     seconds = STATE.mono() - start[1]
     name = getattr(request, "lora_name", None)
     adapter = name if isinstance(name, str) else str(getattr(request, "lora_int_id", "unknown"))
-    probe.record_lora_load(adapter, _rank(lora_model), start[0], start[0] + seconds, on_demand=STATE.on_demand())
+    probe.record_lora_load(
+        adapter, _rank(lora_model), start[0], start[0] + seconds, on_demand=STATE.on_demand(), source=source
+    )
+
+
+def _is_active(manager: Any, lora_id: Any) -> bool | None:
+    """Whether vLLM's model manager has the adapter in a GPU slot; None when this vLLM does not show it
+    (``LoRAModelManager._active_adapters``, the dict-like of slot holders that ``activate_adapter`` checks)."""
+    active = getattr(manager, "_active_adapters", None)
+    if active is None or not hasattr(active, "__contains__"):
+        return None
+    return lora_id in active
 
 
 def _wrap_add_adapter(original: Func) -> Func:
@@ -126,17 +139,30 @@ def _wrap_add_adapter(original: Func) -> Func:
         outer = getattr(local, "loading", None)
         loaded: list[Any] = []
         local.loading = loaded
+        request = args[0] if args else next(iter(kwargs.values()), None)
+        manager: Any = getattr(self, "_adapter_manager", None)
+        lora_id = getattr(request, "lora_int_id", None)
+        try:
+            was_active = _is_active(manager, lora_id)
+        except Exception as exc:
+            STATE.failed("lora_reactivation", exc)
+            was_active = None
         start = _now()
         try:
             result = original(self, *args, **kwargs)
         finally:
             local.loading = outer
-        if loaded and start is not None:
-            try:
-                request = args[0] if args else next(iter(kwargs.values()), None)
+        if start is None:
+            return result
+        try:
+            if loaded:
                 _record_lora(probe, request, loaded[-1], start)
-            except Exception as exc:
-                STATE.failed("lora_load", exc)
+            elif was_active is False and _is_active(manager, lora_id):
+                # Not read, but moved from vLLM's CPU cache into a GPU slot: a swap the batch waited for.
+                cached = manager.get_adapter(lora_id) if hasattr(manager, "get_adapter") else None
+                _record_lora(probe, request, cached, start, source="cpu_cache")
+        except Exception as exc:
+            STATE.failed("lora_load", exc)
         return result
 
     return add_adapter
@@ -147,6 +173,13 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "cuda_graph_capture",
         "vllm.v1.worker.gpu_model_runner",
+        (Patch("GPUModelRunner.capture_model", 0, _wrap_capture_model),),
+    ),
+    # vLLM's second model runner (vllm/v1/worker/gpu/, chosen by VLLM_USE_V2_MODEL_RUNNER in the releases that
+    # ship it): the same capture_model(self) -> int; its LoRA goes through the same worker manager.
+    Hook(
+        "cuda_graph_capture",
+        "vllm.v1.worker.gpu.model_runner",
         (Patch("GPUModelRunner.capture_model", 0, _wrap_capture_model),),
     ),
     Hook(

@@ -17,8 +17,11 @@ WORKER_ROLE = "vllm-worker"
 class ProbeLike(Protocol):
     """What the hooks call on ``exporters.probe.Probe``."""
 
-    def record_lora_load(self, adapter: str, rank: int | None, start: float, end: float, *, on_demand: bool) -> None:
-        """One adapter loaded into a GPU slot between ``start`` and ``end`` (epoch seconds)."""
+    def record_lora_load(
+        self, adapter: str, rank: int | None, start: float, end: float, *, on_demand: bool, source: str = "storage"
+    ) -> None:
+        """One adapter put into a GPU slot between ``start`` and ``end`` (epoch seconds): read from ``storage``,
+        or moved from vLLM's CPU cache (``cpu_cache``)."""
 
     def record_cuda_graph_capture(self, seconds: float) -> None:
         """CUDA graph capture at start-up took ``seconds``."""

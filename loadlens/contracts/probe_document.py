@@ -10,6 +10,7 @@ Versioning: ``version`` is bumped on any incompatible change; readers drop versi
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -77,6 +78,11 @@ class LoraLoad(_Strict):
     start: float = Field(description="Unix time the load began")
     end: float = Field(description="Unix time the adapter was usable")
     on_demand: bool = Field(description="true when a request waited for it (not a preload)")
+    source: Literal["storage", "cpu_cache"] = Field(
+        default="storage",
+        description="storage: the adapter was read (disk, hub); cpu_cache: vLLM moved it from its CPU cache into "
+        "a GPU slot without a read",
+    )
 
 
 class ProbeEvents(_Strict):

@@ -31,10 +31,12 @@ roles: list[str] = []
 
 
 class FakeProbe:
-    def record_lora_load(self, adapter: str, rank: int | None, start: float, end: float, *, on_demand: bool) -> None:
+    def record_lora_load(
+        self, adapter: str, rank: int | None, start: float, end: float, *, on_demand: bool, source: str = "storage"
+    ) -> None:
         if options.get("probe_raises"):
             raise RuntimeError("probe is broken")
-        records.append(["lora", adapter, rank, start, end, on_demand])
+        records.append(["lora", adapter, rank, start, end, on_demand, source])
 
     def record_cuda_graph_capture(self, seconds: float) -> None:
         if options.get("probe_raises"):
@@ -100,6 +102,11 @@ batch = {LoRARequest("sql", 1, "/a/sql"), LoRARequest("chat", 2, "/a/chat")}
 results["batch"] = worker.model_runner._set_active_loras(batch, "mapping")  # chat loads on demand, sql resident
 results["mapping"] = worker.model_runner.lora_manager.mapping
 clock.advance(10.0)
+# vLLM gives sql's GPU slot away (more adapters than max_loras); a later batch names sql again: it comes back
+# from the CPU cache (slot copy 0.125 s, no read), and chat, still resident, is no load.
+results["evicted"] = worker.model_runner.lora_manager._adapter_manager.deactivate_adapter(1)
+results["batch_again"] = worker.model_runner._set_active_loras(batch, "mapping")
+clock.advance(10.0)
 results["capture"] = worker.compile_or_warm_up_model()
 try:
     worker.add_lora(LoRARequest("missing", 3, "/nope"))
@@ -111,7 +118,7 @@ except ValueError as exc:
 patched: dict[str, Any] = {}
 modules = {
     "Worker": "vllm.v1.worker.gpu_worker",
-    "GPUModelRunner": "vllm.v1.worker.gpu_model_runner",
+    "GPUModelRunner": "vllm.v1.worker." + ("gpu.model_runner" if options.get("v2_runner") else "gpu_model_runner"),
     "LRUCacheWorkerLoRAManager": "vllm.lora.worker_manager",
 }
 for qualname in (

@@ -1,7 +1,7 @@
 """A fake ``vllm`` package written into a directory: the module paths, classes, method names and call graph
 the plugin hooks, shaped like vLLM's own (vllm/plugins, vllm/lora/worker_manager.py, vllm/v1/worker/
-gpu_model_runner.py and gpu_worker.py), with none of their work. Simulated durations advance ``vllm.TICK``
-(a fake clock the driver installs), so the plugin's timings are exact."""
+gpu_model_runner.py, the second runner's gpu/model_runner.py, and gpu_worker.py), with none of their work.
+Simulated durations advance ``vllm.TICK`` (a fake clock the driver installs), so the plugin's timings are exact."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class LRUCacheLoRAModelManager:
         self.lora_slots = slots
         self.capacity = slots * 2
         self._registered = {{}}
-        self._active = {{}}
+        self.{active_attr} = {{}}  # vLLM: _active_adapters, the adapters holding a GPU slot
 
     def __len__(self):
         return len(self._registered)
@@ -102,11 +102,14 @@ class LRUCacheLoRAModelManager:
         return True
 
     def activate_adapter(self, lora_id):
-        if lora_id in self._active:
+        if lora_id in self.{active_attr}:
             return False
         vllm.tick(0.125)  # copy into a GPU slot
-        self._active[lora_id] = None
+        self.{active_attr}[lora_id] = None
         return True
+
+    def deactivate_adapter(self, lora_id):
+        return self.{active_attr}.pop(lora_id, 0) is None  # the slot frees; the CPU cache keeps the adapter
 
 
 class WorkerLoRAManager:
@@ -180,7 +183,10 @@ class Worker:
 
     def init_device(self):
         self.device = "cuda:0"
-        self.model_runner = GPUModelRunner(self.ranks)
+        runner = GPUModelRunner
+        if {v2_runner!r}:  # vLLM imports its second runner only when it is chosen
+            from vllm.v1.worker.gpu.model_runner import GPUModelRunner as runner
+        self.model_runner = runner(self.ranks)
 
     def compile_or_warm_up_model(self):
         return getattr(self.model_runner, {capture_method!r})()
@@ -196,6 +202,8 @@ def write(
     *,
     capture_method: str = "capture_model",
     add_adapter_params: str = "self, lora_request",
+    v2_runner: bool = False,
+    active_attr: str = "_active_adapters",
 ) -> Path:
     """Write the fake package under ``root`` (put ``root`` first on sys.path) and return ``root``."""
     files = {
@@ -206,11 +214,14 @@ def write(
         "vllm/lora/worker_manager.py": _WORKER_MANAGER.format(
             add_adapter_params=add_adapter_params,
             first_argument="requests[0]" if "*requests" in add_adapter_params else "lora_request",
+            active_attr=active_attr,
         ),
         "vllm/v1/__init__.py": "",
         "vllm/v1/worker/__init__.py": "",
         "vllm/v1/worker/gpu_model_runner.py": _MODEL_RUNNER.format(capture_method=capture_method),
-        "vllm/v1/worker/gpu_worker.py": _WORKER.format(capture_method=capture_method),
+        "vllm/v1/worker/gpu/__init__.py": "",
+        "vllm/v1/worker/gpu/model_runner.py": _MODEL_RUNNER.format(capture_method=capture_method),
+        "vllm/v1/worker/gpu_worker.py": _WORKER.format(capture_method=capture_method, v2_runner=v2_runner),
     }
     for rel, text in files.items():
         path = root / rel

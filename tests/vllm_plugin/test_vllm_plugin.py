@@ -25,16 +25,21 @@ METHODS = (
     "LRUCacheWorkerLoRAManager.set_active_adapters",
 )
 # What the fake worker does, timed by its fake clock: sql read (0.25 s) + slot copy (0.125 s) at t=0 by the
-# add_lora RPC; chat the same at t=10.375 while a batch is prepared (sql already resident: no load); capture 2 s.
+# add_lora RPC; chat the same at t=10.375 while a batch is prepared (sql already resident: no load); sql's slot
+# is given away and the next batch at t=20.75 brings it back from the CPU cache (slot copy only, 0.125 s; chat
+# resident: no load); capture 2 s.
 EXPECTED_RECORDS = [
-    ["lora", "sql", 8, 1000.0, 1000.375, False],
-    ["lora", "chat", 16, 1010.375, 1010.75, True],
+    ["lora", "sql", 8, 1000.0, 1000.375, False, "storage"],
+    ["lora", "chat", 16, 1010.375, 1010.75, True, "storage"],
+    ["lora", "sql", 8, 1020.75, 1020.875, True, "cpu_cache"],
     ["capture", 2.0],
 ]
 VLLM_RESULTS = {
     "init_device": None,
     "explicit": True,
     "batch": None,
+    "evicted": True,
+    "batch_again": None,
     "mapping": "mapping",
     "capture": 4096,
     "error_is_vllms": True,
@@ -86,7 +91,8 @@ def test_hooks_record_exact_values_and_vllm_results_are_unchanged(tmp_path: Path
     assert out["roles"] == ["vllm-worker"]  # the probe started once, in init_device
     assert out["results"] == VLLM_RESULTS  # return values, and vLLM's own exception object, pass through
     assert out["patched"] == {m: [True, False] for m in METHODS}
-    assert out["finders"] == []  # the import watcher removed itself once every module was seen
+    # The import watcher still waits for the second model runner's module, which this vLLM never imported.
+    assert out["finders"] == ["PostImportFinder"]
     assert out["logs"] == [
         "INFO loadlens vllm plugin: hook lora_load applied to vllm.lora.worker_manager (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
@@ -129,7 +135,7 @@ def test_a_renamed_method_refuses_only_its_hook(tmp_path: Path) -> None:
     ) in out["logs"]
     assert out["patched"]["GPUModelRunner.capture_model"] == [False, False]  # absent, nothing was added
     assert out["patched"]["LRUCacheWorkerLoRAManager.add_adapter"] == [True, False]
-    assert out["records"] == EXPECTED_RECORDS[:2]  # LoRA loads still recorded, no capture record
+    assert out["records"] == EXPECTED_RECORDS[:3]  # LoRA loads still recorded, no capture record
     assert out["results"] == VLLM_RESULTS
 
 
@@ -142,7 +148,7 @@ def test_another_signature_refuses_the_whole_hook(tmp_path: Path) -> None:
     ) in out["logs"]
     lora_methods = [m for m in METHODS if m.startswith("LRUCache")]
     assert all(out["patched"][m] == [False, False] for m in lora_methods)  # all of the hook or none of it
-    assert out["records"] == EXPECTED_RECORDS[2:]
+    assert out["records"] == EXPECTED_RECORDS[3:]
 
 
 def test_a_failing_probe_never_breaks_vllm(tmp_path: Path) -> None:
@@ -173,9 +179,29 @@ def test_the_real_probe_receives_the_records(tmp_path: Path) -> None:
     assert out["roles"] == ["vllm-worker"]
     events = out["document"]
     assert events["lora_loads"] == [
-        {"adapter": "sql", "rank": 8, "start": 1000.0, "end": 1000.375, "on_demand": False},
-        {"adapter": "chat", "rank": 16, "start": 1010.375, "end": 1010.75, "on_demand": True},
+        {"adapter": "sql", "rank": 8, "start": 1000.0, "end": 1000.375, "on_demand": False, "source": "storage"},
+        {"adapter": "chat", "rank": 16, "start": 1010.375, "end": 1010.75, "on_demand": True, "source": "storage"},
+        {"adapter": "sql", "rank": 8, "start": 1020.75, "end": 1020.875, "on_demand": True, "source": "cpu_cache"},
     ]
-    assert (events["lora_loads_total"], events["lora_on_demand_loads_total"]) == (2, 1)
+    assert (events["lora_loads_total"], events["lora_on_demand_loads_total"]) == (3, 2)
     assert events["cuda_graph_capture_seconds"] == 2.0
     assert not list((tmp_path / "probe").glob("*.json"))  # stop() removed the document
+
+
+def test_the_second_model_runner_is_hooked_when_vllm_uses_it(tmp_path: Path) -> None:
+    out = _run(fake_vllm.write(tmp_path, v2_runner=True))
+    assert out["records"] == EXPECTED_RECORDS
+    assert out["results"] == VLLM_RESULTS
+    assert out["patched"]["GPUModelRunner.capture_model"] == [True, False]
+    assert (
+        "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu.model_runner (vLLM 0.33.0)"
+    ) in out["logs"]
+    assert out["finders"] == []  # every watched module was seen
+
+
+def test_without_the_slot_table_reactivations_are_not_guessed(tmp_path: Path) -> None:
+    # A vLLM whose model manager keeps its GPU slots under another name: reads are still recorded; a move from
+    # the CPU cache cannot be told from a no-op activation, so none is recorded rather than a wrong one.
+    out = _run(fake_vllm.write(tmp_path, active_attr="_slots"))
+    assert out["records"] == [EXPECTED_RECORDS[0], EXPECTED_RECORDS[1], EXPECTED_RECORDS[3]]
+    assert out["results"] == VLLM_RESULTS
