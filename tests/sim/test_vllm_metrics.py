@@ -237,3 +237,21 @@ def test_rejections_preemptions_and_wakeups() -> None:
     assert value(reg, "loadlens_sim_timing_error_seconds_count") == 3
     assert value(reg, "loadlens_sim_schedule_slips_total") == 2
     assert value(reg, "loadlens_sim_late_steps_total") == 2
+
+
+def test_prompt_sources_and_mfu_estimates() -> None:
+    m, reg = make()
+    m.record_iteration(IterationStats(num_generation_tokens=2, num_prompt_tokens=100, num_cached_prompt_tokens=64))
+    m.record_iteration(IterationStats(num_generation_tokens=1, num_prompt_tokens=10))
+    assert value(reg, "vllm:prompt_tokens_total", **LAB) == 110
+    assert value(reg, "vllm:prompt_tokens_by_source_total", **LAB, source="local_compute") == 46
+    assert value(reg, "vllm:prompt_tokens_by_source_total", **LAB, source="local_cache_hit") == 64
+    assert value(reg, "vllm:prompt_tokens_by_source_total", **LAB, source="external_kv_transfer") == 0
+    assert value(reg, "vllm:prompt_tokens_cached_total", **LAB) == 64
+    assert value(reg, "vllm:prompt_tokens_cached_by_source_total", **LAB, source="device") == 64
+    assert value(reg, "vllm:prompt_tokens_cached_by_source_total", **LAB, source="disk") == 0
+    m.record_step(StepStats(0.01, 4, flops=3e12, read_bytes=2e9, write_bytes=1e6))
+    m.record_step(StepStats(0.01, 4, flops=1e12, read_bytes=1e9, write_bytes=1e6))
+    assert value(reg, "vllm:estimated_flops_per_gpu_total", **LAB) == 4e12
+    assert value(reg, "vllm:estimated_read_bytes_per_gpu_total", **LAB) == 3e9
+    assert value(reg, "vllm:estimated_write_bytes_per_gpu_total", **LAB) == 2e6

@@ -384,8 +384,10 @@ class SimEngine(Engine):
         for a in batch.adapter_evictions:
             self._device.free_adapter(a)
         self._device.record_step(step.cost, batch.shape, busy_start=step.busy_start, end=step.end)
+        written = roofline.kv_bytes_per_token(self.model) * batch.shape.num_tokens
         stats = StepStats(step.end - t0, batch.shape.num_seqs, len(batch.preempted), batch.prefix_queries,
-                          batch.prefix_hits, list(step.adapter_loads))  # fmt: skip
+                          batch.prefix_hits, list(step.adapter_loads), flops=step.cost.flops,
+                          read_bytes=step.cost.bytes_moved - written, write_bytes=written)  # fmt: skip
         self._metrics.record_step(stats)
 
         await self._sleep_until(step.end)

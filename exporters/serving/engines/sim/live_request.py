@@ -137,6 +137,7 @@ def emit_tokens(
             live.stream.timing.first_token = t
             it.time_to_first_tokens.append(t - live.request.arrival_time)
             it.num_prompt_tokens += req.prompt_len
+            it.num_cached_prompt_tokens += req.num_cached_tokens
         else:
             itls.append(t - live.last_t)
         live.last_t = t

@@ -44,6 +44,12 @@ class StepStats:
     prefix_hits: int = 0
     adapter_loads: list[tuple[str, float]] = field(default_factory=list)
     """(source, wall seconds) of each GPU-slot activation: ``host`` or ``storage``."""
+    flops: float = 0.0
+    """The roofline's FLOPs for the step (vLLM's MFU estimate counts the same work)."""
+    read_bytes: float = 0.0
+    """Bytes the step reads from HBM: streamed weights and the KV cache attended to."""
+    write_bytes: float = 0.0
+    """Bytes the step writes to HBM: the KV of the tokens it computes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,8 @@ class IterationStats:
     num_generation_tokens: int = 0
     num_prompt_tokens: int = 0
     """Prompt tokens of the requests that got their first token in this step (vLLM counts them then)."""
+    num_cached_prompt_tokens: int = 0
+    """Of those, the ones served from the prefix cache (the rest were computed)."""
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)

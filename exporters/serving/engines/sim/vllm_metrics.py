@@ -7,6 +7,11 @@ Semantics (vLLM docs/design/metrics.md): TTFT from the request's arrival at the 
 scheduled; ITL one sample per output step; TPOT = (e2e - TTFT)/(n - 1), 0 when n <= 1. Prompt tokens are
 counted when the request's first token is produced, like vLLM's iteration stats.
 
+Prompt tokens by source: ``local_compute`` + ``local_cache_hit`` (+ ``external_kv_transfer``, always 0: no KV
+connector) = ``prompt_tokens``; ``prompt_tokens_cached`` = the cache hits, all from the GPU prefix cache
+(``prompt_tokens_cached_by_source{source="device"}``). The MFU counters (``estimated_*_per_gpu``, opt-in in
+vLLM with ``--enable-mfu-metrics``, always on here) are the roofline's own FLOPs and bytes per step.
+
 Aborts are counted under ``request_success{finished_reason="abort"}`` (real vLLM leaves that at 0,
 vllm-project/vllm#31503) and, as in vLLM, observed in no histogram.
 """
@@ -43,6 +48,8 @@ from loadlens.contracts.buckets import (
 WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
 ADMISSION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
 FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
+PROMPT_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHED_SOURCES: tuple[str, ...] = ("device", "host", "p2p", "disk", "external_unspecified")
 
 
 class VllmMetrics:
@@ -114,6 +121,35 @@ class VllmMetrics:
         self.set_lora_info(max_loras, (), ())
 
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.")
+        by_source = self._counter_cls(
+            "vllm:prompt_tokens_by_source",
+            "Prompt tokens by where their KV came from: computed, local prefix cache, external KV transfer.",
+            (*base, "source"),
+            registry=registry,
+        )
+        self.prompt_by_source = {src: by_source.labels(*values, src) for src in PROMPT_SOURCES}
+        self.prompt_cached = counter(
+            "vllm:prompt_tokens_cached", "Prompt tokens served from a cache (local + external)."
+        )
+        cached_by_source = self._counter_cls(
+            "vllm:prompt_tokens_cached_by_source",
+            "Cached prompt tokens by the cache tier that served them.",
+            (*base, "source"),
+            registry=registry,
+        )
+        self.prompt_cached_by_source = {src: cached_by_source.labels(*values, src) for src in CACHED_SOURCES}
+        self.est_flops = counter(
+            "vllm:estimated_flops_per_gpu",
+            "Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).",
+        )
+        self.est_read_bytes = counter(
+            "vllm:estimated_read_bytes_per_gpu",
+            "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).",
+        )
+        self.est_write_bytes = counter(
+            "vllm:estimated_write_bytes_per_gpu",
+            "Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).",
+        )
         self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
         success = self._counter_cls(
             "vllm:request_success", "Finished requests by finish reason.", (*base, "finished_reason"), registry=registry
@@ -284,6 +320,9 @@ class VllmMetrics:
             self.prefix_hits.inc(step.prefix_hits)
         self.step_duration.observe(step.duration_seconds)
         self.batch_size.observe(step.num_seqs)
+        self.est_flops.inc(step.flops)
+        self.est_read_bytes.inc(step.read_bytes)
+        self.est_write_bytes.inc(step.write_bytes)
 
     def record_iteration(self, it: IterationStats) -> None:
         for seconds in it.time_to_first_tokens:
@@ -295,7 +334,13 @@ class VllmMetrics:
             self.finished(finished)
         self.generation_tokens.inc(it.num_generation_tokens)
         if it.num_prompt_tokens:
+            cached = it.num_cached_prompt_tokens
             self.prompt_tokens.inc(it.num_prompt_tokens)
+            self.prompt_by_source["local_compute"].inc(it.num_prompt_tokens - cached)
+            if cached:
+                self.prompt_by_source["local_cache_hit"].inc(cached)
+                self.prompt_cached.inc(cached)
+                self.prompt_cached_by_source["device"].inc(cached)
         # Observed for every step, also one that only ran prefill chunks (0 tokens), as before.
         self.iteration_tokens.observe(it.num_prompt_tokens + it.num_generation_tokens)
 
