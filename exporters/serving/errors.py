@@ -8,6 +8,7 @@ the pager.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ REFUSALS: tuple[Refusal, ...] = (
 )
 BY_KIND: Mapping[ErrorKind, Refusal] = {r.kind: r for r in REFUSALS if r.kind is not None}
 INVALID_REQUEST = BY_KIND[ErrorKind.INVALID_REQUEST]
+INTERNAL = BY_KIND[ErrorKind.INTERNAL]
 UNAUTHORIZED = next(r for r in REFUSALS if r.reason == "unauthorized")
 REJECT_REASONS: tuple[str, ...] = tuple(r.reason for r in REFUSALS)
 
@@ -67,3 +69,21 @@ def engine_error_response(err: EngineError) -> Response:
 def sse_error_event(status: int, message: str) -> bytes:
     """An error delivered inside an already-started stream (vLLM sends the error object as a data event)."""
     return b"data: " + json.dumps(error_body(status, message)).encode() + b"\n\n"
+
+
+_log = logging.getLogger("loadlens.serve")
+
+
+def internal_error_message(exc: BaseException, trace_id: str) -> str:
+    return f"internal error: {type(exc).__name__} (trace_id {trace_id})"
+
+
+def log_internal_error(exc: BaseException, trace_id: str, where: str) -> None:
+    """A bug (never a client mistake): logged at ERROR with its traceback and the request's trace id."""
+    _log.error("unexpected error in %s trace_id=%s: %s: %s", where, trace_id, type(exc).__name__, exc, exc_info=exc)
+
+
+def internal_error_response(exc: BaseException, trace_id: str, where: str) -> Response:
+    """Log the bug and answer it as an OpenAI 500 that names the trace id (the body never carries the detail)."""
+    log_internal_error(exc, trace_id, where)
+    return error_response(500, internal_error_message(exc, trace_id))

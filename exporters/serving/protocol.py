@@ -1,7 +1,13 @@
-"""OpenAI request bodies: parsing and validation with field-precise 400 errors.
+"""OpenAI request bodies: pydantic models (validation and the OpenAPI document share one definition) and the
+parse step that turns a body into what the engine needs, with field-precise 400 errors.
 
-Validation is strict about types (a string where an integer belongs is a 400, not a silent coercion) and
-lenient about unknown fields, which are kept in the body so a proxy can forward them, as vLLM ignores them.
+Validation is as lenient and as strict as vLLM's own, which validates the same fields with pydantic in lax
+mode: an integral float or a numeric string where an integer belongs (``"max_tokens": 4.0`` or ``"4"``) is
+accepted, ``4.5`` or ``"four"`` is refused; ``seed`` and ``priority`` must fit a signed 64-bit integer; an
+empty content-part list is refused. Unknown fields are accepted and kept in the body so a proxy can forward
+them (vLLM logs and ignores them). Strings must be valid Unicode: a lone UTF-16 surrogate escape
+(``"\\ud800"``) is refused with a 400, as vLLM refuses text its tokenizer cannot encode. Every rule is listed in
+docs/serving.md (*Request validation*).
 """
 
 from __future__ import annotations
@@ -9,16 +15,22 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporters.serving.engine import Endpoint, SamplingParams
 
 MAX_TOKENS_LIMIT = 2**31 - 1
 """Anything above int32 is a client bug; the context check catches smaller absurd values."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _DATA_URL = re.compile(r"^data:(?P<mime>image/[a-zA-Z0-9.+-]+)(?:;[^,;]*)*;base64,(?P<data>.*)$", re.DOTALL)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 class RequestError(ValueError):
@@ -28,6 +40,129 @@ class RequestError(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+# --- request models ---------------------------------------------------------------------------------------
+
+
+class OpenAIModel(BaseModel):
+    """Extra fields are allowed, as the OpenAI API and vLLM allow them."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ImageURL(OpenAIModel):
+    url: str = Field(description="a data:image/<type>;base64,<data> URL (validated) or an http(s) URL (not fetched)")
+
+    @field_validator("url")
+    @classmethod
+    def _check(cls, url: str) -> str:
+        _check_image_url(url)
+        return url
+
+
+class TextPart(OpenAIModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(OpenAIModel):
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+
+    @field_validator("image_url")
+    @classmethod
+    def _check(cls, image_url: ImageURL | str) -> ImageURL | str:
+        if isinstance(image_url, str):
+            _check_image_url(image_url)
+        return image_url
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class ChatMessage(OpenAIModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | Annotated[list[ContentPart], Field(min_length=1)] | None = Field(
+        default=None, description="a string or a non-empty list of parts; may be null (or absent) for assistant"
+    )
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for role {self.role!r} (only assistant messages may omit it)")
+        return self
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+_Float = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _GenerationRequest(OpenAIModel):
+    model: str | None = Field(default=None, description="base model or a loaded adapter; default the base model")
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    n: int | None = Field(default=1, ge=1, le=1, description="only 1 is supported")
+    temperature: _Float | None = Field(default=None, ge=0.0)
+    top_p: _Float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = Field(default=None, description="only with stream=true")
+    ignore_eos: bool | None = False
+    priority: int = Field(
+        default=0, ge=INT64_MIN, le=INT64_MAX, description="lower runs first; non-zero needs scheduling_policy=priority"
+    )
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS_LIMIT, description="wins over max_tokens"
+    )
+
+
+class CompletionRequest(_GenerationRequest):
+    """``POST /v1/completions``."""
+
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+        description="one prompt: a string or a list of exactly one string (no batches, no token ids)"
+    )
+
+
+class LoadLoRAAdapterRequest(OpenAIModel):
+    """``POST /v1/load_lora_adapter``."""
+
+    lora_name: str = Field(min_length=1, max_length=256, pattern=r"^[^\n\r\t,]*$")
+    lora_path: str = Field(min_length=1)
+
+    @field_validator("lora_name", "lora_path")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a non-empty string")
+        return v
+
+
+class UnloadLoRAAdapterRequest(OpenAIModel):
+    """``POST /v1/unload_lora_adapter``."""
+
+    lora_name: str = Field(min_length=1)
+
+    @field_validator("lora_name")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must be a non-empty string")
+        return v
+
+
+# --- parsing ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,194 +179,183 @@ class ParsedRequest:
     body: dict[str, Any]
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _lone_surrogate_at(value: Any, where: str) -> str | None:
+    """The path of the first string (key or value) holding a lone surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            inner = f"{where}.{k}" if where else k
+            if _lone_surrogate_at(k, inner) is not None:
+                return f"{where or 'body'} (a key)"
+            found = _lone_surrogate_at(v, inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _lone_surrogate_at(v, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        doc = json.loads(raw, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as err:
         raise RequestError(f"Request body is not valid JSON: {err}") from err
     if not isinstance(doc, dict):
         raise RequestError("Request body must be a JSON object")
+    # Only a \uD800-\uDFFF escape can make a lone surrogate (raw bytes were valid UTF-8): walk only then.
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate_at(doc, "")
+        if where is not None:
+            top = re.split(r"[.\[ ]", where, maxsplit=1)[0]
+            param = None if top == "body" else top
+            raise RequestError(
+                f"{where}: string contains a lone UTF-16 surrogate escape (\\ud800-\\udfff without "
+                "its pair), which is not valid Unicode text",
+                param,
+            )
     return doc
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+_UNION_TAGS = frozenset({"str", "none", "int", "float", "bool", "ImageURL"})
+_TYPE_MISMATCH = frozenset({"string_type", "none_required", "list_type", "model_type", "model_attributes_type"})
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def _loc(loc: tuple[int | str, ...]) -> str:
+    """``messages[0].content[1].text`` from pydantic's location, without the union member tags it adds."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _UNION_TAGS or "[" in part:
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
 
 
-def _opt_int(body: dict[str, Any], key: str, *, lo: int, hi: int) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if not _is_int(v):
-        raise RequestError(f"'{key}' must be an integer, got {type(v).__name__}", key)
-    if not lo <= v <= hi:
-        raise RequestError(f"'{key}' must be between {lo} and {hi}, got {v}", key)
-    return int(v)
+def _validation_error(err: ValidationError) -> RequestError:
+    # Of a union's alternatives, report the one that got furthest (deepest location, not a mere type mismatch).
+    errors = err.errors(include_url=False)
+    first = max(errors, key=lambda e: (len(e.get("loc", ())), e.get("type") not in _TYPE_MISMATCH))
+    loc = tuple(first.get("loc", ()))
+    param = str(loc[0]) if loc else None
+    where = _loc(loc)
+    message = first.get("msg", "invalid value")
+    ctx_error = (first.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, ValueError):
+        message = str(ctx_error)
+    return RequestError(f"{where}: {message}" if where else message, param)
 
 
-def _opt_float(body: dict[str, Any], key: str, default: float, *, lo: float, hi: float, lo_open: bool = False) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not _is_num(v):
-        raise RequestError(f"'{key}' must be a number, got {type(v).__name__}", key)
-    if v < lo or v > hi or (lo_open and v == lo):
-        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-        raise RequestError(f"'{key}' must be in {bound}, got {v}", key)
-    return float(v)
-
-
-def _opt_bool(body: dict[str, Any], key: str, default: bool, *, where: str | None = None) -> bool:
-    v = body.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise RequestError(f"'{where or key}' must be a boolean, got {type(v).__name__}", where or key)
-    return v
-
-
-def _stop(body: dict[str, Any]) -> tuple[str, ...]:
-    v = body.get("stop")
-    if v is None:
-        return ()
-    if isinstance(v, str):
-        return (v,) if v else ()
-    if isinstance(v, list) and all(isinstance(s, str) for s in v):
-        return tuple(s for s in v if s)
-    raise RequestError("'stop' must be a string or a list of strings", "stop")
-
-
-def _check_image_url(url: Any, param: str) -> None:
-    if not isinstance(url, str) or not url:
-        raise RequestError("image_url.url must be a non-empty string", param)
+def _check_image_url(url: str) -> None:
+    if not url:
+        raise ValueError("image_url.url must be a non-empty string")
     if url.startswith("data:"):
         m = _DATA_URL.match(url)
         if m is None:
-            raise RequestError("image data URL must look like data:image/<type>;base64,<data>", param)
+            raise ValueError("image data URL must look like data:image/<type>;base64,<data>")
         try:
             base64.b64decode(m.group("data"), validate=True)
         except (binascii.Error, ValueError) as err:
-            raise RequestError(f"image data URL is not valid base64: {err}", param) from err
+            raise ValueError(f"image data URL is not valid base64: {err}") from err
     elif not url.startswith(("http://", "https://")):
-        raise RequestError("image_url.url must be a data: URL or an http(s) URL", param)
+        raise ValueError("image_url.url must be a data: URL or an http(s) URL")
 
 
-def _render_messages(messages: Any) -> tuple[str, int]:
+def _render_messages(messages: list[ChatMessage]) -> tuple[str, int]:
     """Flatten chat messages to prompt text with a minimal template; count image parts."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list", "messages")
     parts: list[str] = []
     images = 0
-    for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise RequestError(f"{where} must be an object", "messages")
-        role = msg.get("role")
-        if role not in {"system", "user", "assistant", "tool", "developer"}:
-            raise RequestError(f"{where}.role must be one of system, user, assistant, tool, developer", "messages")
-        content = msg.get("content")
-        if content is None and role == "assistant":
-            content = ""
-        if isinstance(content, str):
-            parts.append(f"<|{role}|>{content}")
+    for msg in messages:
+        content = msg.content
+        if content is None or isinstance(content, str):
+            parts.append(f"<|{msg.role}|>{content or ''}")
             continue
-        if not isinstance(content, list):
-            raise RequestError(f"{where}.content must be a string or a list of content parts", "messages")
         texts: list[str] = []
-        for j, part in enumerate(content):
-            pwhere = f"{where}.content[{j}]"
-            if not isinstance(part, dict):
-                raise RequestError(f"{pwhere} must be an object", "messages")
-            kind = part.get("type")
-            if kind == "text":
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise RequestError(f"{pwhere}.text must be a string", "messages")
-                texts.append(text)
-            elif kind == "image_url":
-                image = part.get("image_url")
-                url = image.get("url") if isinstance(image, dict) else image
-                _check_image_url(url, "messages")
-                images += 1
+        for part in content:
+            if isinstance(part, TextPart):
+                texts.append(part.text)
             else:
-                raise RequestError(f"{pwhere}.type {kind!r} is not supported (text, image_url)", "messages")
-        parts.append(f"<|{role}|>" + "\n".join(texts))
+                images += 1
+        parts.append(f"<|{msg.role}|>" + "\n".join(texts))
     parts.append("<|assistant|>")
     return "\n".join(parts), images
 
 
-def _prompt(body: dict[str, Any]) -> str:
-    v = body.get("prompt")
-    if isinstance(v, str):
-        return v
-    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
-        return v[0]
-    if isinstance(v, list) and len(v) != 1 and all(isinstance(s, str) for s in v):
-        raise RequestError("batched prompts are not supported; send one prompt per request", "prompt")
-    raise RequestError("'prompt' must be a string", "prompt")
+def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    return tuple(s for s in stop if s)
 
 
 def parse_request(endpoint: Literal["chat", "completions"], body: dict[str, Any]) -> ParsedRequest:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError("'model' must be a string", "model")
-    if endpoint == "chat":
-        prompt, images = _render_messages(body.get("messages"))
-    else:
-        prompt, images = _prompt(body), 0
+    req: ChatCompletionRequest | CompletionRequest
+    try:
+        if endpoint == "chat":
+            req = ChatCompletionRequest.model_validate(body)
+        else:
+            req = CompletionRequest.model_validate(body)
+    except ValidationError as err:
+        prompt = body.get("prompt")
+        batched = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(s, str) for s in prompt)
+        if endpoint == "completions" and batched:
+            raise RequestError("batched prompts are not supported; send one prompt per request", "prompt") from None
+        raise _validation_error(err) from None
 
-    n = _opt_int(body, "n", lo=1, hi=MAX_TOKENS_LIMIT)
-    if n is not None and n != 1:
-        raise RequestError(f"only n=1 is supported, got n={n}", "n")
-    max_tokens = _opt_int(body, "max_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
-    if endpoint == "chat":
-        mct = _opt_int(body, "max_completion_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
-        max_tokens = mct if mct is not None else max_tokens
+    if isinstance(req, ChatCompletionRequest):
+        prompt_text, images = _render_messages(req.messages)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    else:
+        prompt_text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        images = 0
+        max_tokens = req.max_tokens
     if max_tokens is None:
         # OpenAI's legacy completions default is 16; chat defaults to "as much as fits", resolved by the engine.
         max_tokens = 16 if endpoint == "completions" else 0
 
-    stream = _opt_bool(body, "stream", False)
-    options = body.get("stream_options")
+    stream = bool(req.stream)
     include_usage = continuous = False
-    if options is not None:
+    if req.stream_options is not None:
         if not stream:
             raise RequestError("Stream options can only be defined when `stream=True`.", "stream_options")
-        if not isinstance(options, dict):
-            raise RequestError("'stream_options' must be an object", "stream_options")
-        include_usage = _opt_bool(options, "include_usage", False, where="stream_options.include_usage")
-        continuous = _opt_bool(options, "continuous_usage_stats", False, where="stream_options.continuous_usage_stats")
+        include_usage = bool(req.stream_options.include_usage)
+        continuous = bool(req.stream_options.continuous_usage_stats)
 
-    priority = body.get("priority", 0)
-    if not _is_int(priority) or not -(2**63) <= priority < 2**63:
-        raise RequestError("'priority' must be a 64-bit integer", "priority")
-
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise RequestError("'seed' must be an integer", "seed")
-
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    assert math.isfinite(temperature) and math.isfinite(top_p)
     sampling = SamplingParams(
         max_tokens=max_tokens,
-        temperature=_opt_float(body, "temperature", 1.0, lo=0.0, hi=2.0),
-        top_p=_opt_float(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
-        seed=seed,
-        stop=_stop(body),
-        ignore_eos=_opt_bool(body, "ignore_eos", False),
+        temperature=temperature,
+        top_p=top_p,
+        seed=req.seed,
+        stop=_stop(req.stop),
+        ignore_eos=bool(req.ignore_eos),
     )
     return ParsedRequest(
         endpoint=endpoint,
-        model=model,
-        prompt=prompt,
+        model=req.model,
+        prompt=prompt_text,
         image_count=images,
         sampling=sampling,
         stream=stream,
         include_usage=include_usage,
         continuous_usage_stats=continuous,
-        priority=int(priority),
+        priority=req.priority,
         body=body,
     )
 
@@ -243,20 +367,15 @@ class LoadAdapterBody:
 
 
 def parse_load_adapter(body: dict[str, Any]) -> LoadAdapterBody:
-    name, path = body.get("lora_name"), body.get("lora_path")
-    if not isinstance(name, str) or not name.strip():
-        raise RequestError("'lora_name' must be a non-empty string", "lora_name")
-    if not isinstance(path, str) or not path.strip():
-        raise RequestError("'lora_path' must be a non-empty string", "lora_path")
-    if len(name) > 256 or any(c in name for c in "\n\r\t,"):
-        raise RequestError(
-            "'lora_name' must be at most 256 characters without commas or control characters", "lora_name"
-        )
-    return LoadAdapterBody(lora_name=name, lora_path=path)
+    try:
+        req = LoadLoRAAdapterRequest.model_validate(body)
+    except ValidationError as err:
+        raise _validation_error(err) from None
+    return LoadAdapterBody(lora_name=req.lora_name, lora_path=req.lora_path)
 
 
 def parse_unload_adapter(body: dict[str, Any]) -> str:
-    name = body.get("lora_name")
-    if not isinstance(name, str) or not name.strip():
-        raise RequestError("'lora_name' must be a non-empty string", "lora_name")
-    return name
+    try:
+        return UnloadLoRAAdapterRequest.model_validate(body).lora_name
+    except ValidationError as err:
+        raise _validation_error(err) from None

@@ -11,13 +11,22 @@ import time
 from typing import Any
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from exporters.serving.engine import EngineError, RequestStream
-from exporters.serving.errors import engine_error_reason, engine_error_response, engine_error_status, sse_error_event
+from exporters.serving.errors import (
+    INTERNAL,
+    engine_error_reason,
+    engine_error_response,
+    engine_error_status,
+    internal_error_message,
+    log_internal_error,
+    sse_error_event,
+)
 from exporters.serving.lifecycle import RequestLifecycle
 from exporters.serving.protocol import ParsedRequest
 from exporters.serving.responses import DONE, ChunkWriter, full_response
+from loadlens.util.openai_errors import error_response
 
 
 class GenerationResponse(Response):
@@ -50,18 +59,29 @@ class GenerationResponse(Response):
                         producer.cancel()
                     return
 
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         watcher = asyncio.create_task(watch())
         try:
             if self.parsed.stream:
-                await self._stream(send)
+                await self._stream(tracked_send)
             else:
-                await self._whole(send)
+                await self._whole(tracked_send)
         except asyncio.CancelledError:
             if not self._client_gone:
                 raise
             producer.uncancel()
             await self.engine_stream.aclose()
             self.life.finish_abort("client_disconnect", self.engine_stream.timing)
+        except Exception as exc:
+            if self.life.done:
+                raise
+            await self._internal_error(exc, started, tracked_send)
         finally:
             watcher.cancel()
             if not self.life.done:
@@ -183,6 +203,23 @@ class GenerationResponse(Response):
             }
         )
         await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+    async def _internal_error(self, exc: Exception, started: bool, send: Send) -> None:
+        """A bug in loadlens or an engine crash mid-request: counted as 500, logged with the trace id, and
+        told to the client as an error event (stream started) or a 500 body, as an engine error would be."""
+        self._finished_producing = True
+        life = self.life
+        message = internal_error_message(exc, life.trace_id)
+        life.finish_error(500, INTERNAL.reason, f"{type(exc).__name__}: {exc}", self.engine_stream.timing)
+        log_internal_error(exc, life.trace_id, f"POST {life.path}")
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.engine_stream.aclose())
+        with contextlib.suppress(OSError, RuntimeError):
+            if started:
+                await send({"type": "http.response.body", "body": sse_error_event(500, message), "more_body": True})
+                await send({"type": "http.response.body", "body": DONE, "more_body": False})
+            else:
+                await error_response(500, message)({"type": "http"}, _no_receive, send)
 
     def _response_id(self) -> str:
         prefix = "chatcmpl-" if self.parsed.endpoint == "chat" else "cmpl-"

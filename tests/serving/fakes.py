@@ -44,6 +44,10 @@ class _Stream(RequestStream):
             self.closed = True
             self.engine.active.discard(self.request_id)
             raise EngineError(ErrorKind.INTERNAL, "scripted engine failure")
+        if self.engine.crash_after is not None and self.sent >= self.engine.crash_after:
+            self.closed = True
+            self.engine.active.discard(self.request_id)
+            raise RuntimeError("scripted bug mid-stream")
         self.sent += 1
         last = self.sent == self.n
         if self.sent == 1:
@@ -79,6 +83,10 @@ class ScriptedEngine(Engine):
         self.aborted: list[str] = []
         self.adapters: dict[str, LoRARequest] = {}
         self.fail_after: int | None = None
+        self.crash: Exception | None = None
+        """Raised by ``generate`` (a bug, not an EngineError)."""
+        self.crash_after: int | None = None
+        """After this many tokens the stream raises RuntimeError (a bug, not an EngineError)."""
         self.healthy = True
         self.lora_blocked_s = 0.0
         self.last_request: GenerationRequest | None = None
@@ -92,6 +100,8 @@ class ScriptedEngine(Engine):
 
     async def generate(self, request: GenerationRequest) -> RequestStream:
         self.last_request = request
+        if self.crash is not None:
+            raise self.crash
         if request.model != "scripted" and request.model not in self.adapters:
             raise EngineError(ErrorKind.NOT_FOUND, f"The model `{request.model}` does not exist.", param="model")
         if not self.healthy:

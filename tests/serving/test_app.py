@@ -106,11 +106,20 @@ def test_openai_client_streams_and_not(served: Served) -> None:
         (b"{not json", None),
         (b"[1,2]", None),
         (json.dumps(_chat(max_tokens=-1)).encode(), "max_tokens"),
-        (json.dumps(_chat(max_tokens="5")).encode(), "max_tokens"),
+        (json.dumps(_chat(max_tokens="five")).encode(), "max_tokens"),
+        (json.dumps(_chat(max_tokens=4.5)).encode(), "max_tokens"),
+        (json.dumps(_chat(seed=2**63)).encode(), "seed"),
+        (json.dumps(_chat(seed=-(2**63) - 1)).encode(), "seed"),
+        (json.dumps(_chat(priority=2**63)).encode(), "priority"),
+        (json.dumps(_chat(top_p=0)).encode(), "top_p"),
+        (b'{"model": "scripted", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
+        (json.dumps({"model": "scripted", "messages": [{"role": "user", "content": []}]}).encode(), "messages"),
+        (json.dumps({"model": "scripted", "messages": [{"role": "user"}]}).encode(), "messages"),
+        (b'{"model": "scripted", "messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages"),
         (json.dumps(_chat(max_tokens=2**40)).encode(), "max_tokens"),
         (json.dumps(_chat(n=2)).encode(), "n"),
         (json.dumps(_chat(temperature="hot")).encode(), "temperature"),
-        (json.dumps(_chat(temperature=3)).encode(), "temperature"),
+        (json.dumps(_chat(temperature=-0.5)).encode(), "temperature"),
         (json.dumps(_chat(stream_options={"include_usage": True})).encode(), "stream_options"),
         (json.dumps(_chat(priority=1.5)).encode(), "priority"),
         (json.dumps(_chat(stop=[1, 2])).encode(), "stop"),
@@ -326,3 +335,102 @@ def test_metrics_openmetrics_has_trace_id_exemplars(served: Served) -> None:
         ln for ln in om.text.splitlines() if ln.startswith("gen_ai_server_time_to_first_token_seconds_bucket")
     ]
     assert any('# {trace_id="0af7651916cd43dd8448eb211c80319c"}' in ln for ln in ttft_lines)
+
+
+def test_integral_floats_and_numeric_strings_are_accepted_as_vllm_does(served: Served) -> None:
+    for value in (4.0, "4", 4):
+        r = httpx.post(served.url + CHAT, json=_chat(max_tokens=value))
+        assert r.status_code == 200, value
+        assert r.json()["usage"]["completion_tokens"] == 4
+    r = httpx.post(served.url + CHAT, json=_chat(seed=2**63 - 1, priority=-(2**63), temperature=2.5))
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b'{"model": "scripted", "messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages"),
+        (
+            b'{"model": "scripted", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+            "messages",
+        ),  # fmt: skip
+        (b'{"model": "scripted\\ud800", "messages": [{"role": "user", "content": "x"}]}', "model"),
+        (b'{"model": "scripted", "\\ud800": 1, "messages": [{"role": "user", "content": "x"}]}', None),
+    ],
+)
+def test_lone_surrogates_are_400_and_counted(served: Served, raw: bytes, param: str | None) -> None:
+    r = httpx.post(served.url + CHAT, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == param
+    assert "lone UTF-16 surrogate" in err["message"]
+    labels = {"model_name": "scripted", "priority_class": "interactive", "code": "400"}
+    assert served.sample("loadlens_requests_total", labels) == 1
+    assert (
+        served.sample("loadlens_request_rejections_total", {"model_name": "scripted", "reason": "invalid_request"}) == 1
+    )
+
+
+def test_surrogate_pairs_are_text(served: Served) -> None:
+    raw = b'{"model": "scripted", "messages": [{"role": "user", "content": "\\ud83d\\ude00 ok"}], "max_tokens": 1}'
+    r = httpx.post(served.url + CHAT, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200
+    assert served.engine.last_request is not None
+    assert "\U0001f600 ok" in served.engine.last_request.prompt
+
+
+def test_unexpected_engine_exception_is_a_counted_logged_500(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    served.engine.crash = UnicodeEncodeError("utf-8", "a\ud800b", 1, 2, "surrogates not allowed")
+    trace = "0af7651916cd43dd8448eb211c80319c"
+    with caplog.at_level("INFO", logger="loadlens"):
+        r = httpx.post(served.url + CHAT, json=_chat(), headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"})
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert (err["type"], err["code"], err["param"]) == ("InternalServerError", 500, None)
+    assert err["message"] == f"internal error: UnicodeEncodeError (trace_id {trace})"
+    labels = {"model_name": "scripted", "priority_class": "interactive", "code": "500"}
+    assert served.sample("loadlens_requests_total", labels) == 1
+    assert served.sample("loadlens_request_rejections_total", {"model_name": "scripted", "reason": "internal"}) == 1
+    request_lines = [r.getMessage() for r in caplog.records if r.name == "loadlens.request"]
+    assert len(request_lines) == 1
+    assert f"trace_id={trace}" in request_lines[0] and "status=500" in request_lines[0]
+    errors = [r for r in caplog.records if r.name == "loadlens.serve" and r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert f"trace_id={trace}" in errors[0].getMessage()
+    assert errors[0].exc_info is not None and errors[0].exc_info[0] is UnicodeEncodeError
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_unexpected_exception_mid_generation_counts_500(
+    served: Served, caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    served.engine.crash_after = 1
+    with caplog.at_level("INFO", logger="loadlens"):
+        r = httpx.post(served.url + CHAT, json=_chat(max_tokens=5, stream=stream))
+    if stream:
+        assert r.status_code == 200
+        events = _sse(r.text)
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == 500
+    else:
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "InternalServerError"
+    labels = {"model_name": "scripted", "priority_class": "interactive", "code": "500"}
+    assert served.sample("loadlens_requests_total", labels) == 1
+    assert served.sample("loadlens_requests_total", {**labels, "code": "499"}) is None
+    errors = [r for r in caplog.records if r.name == "loadlens.serve" and r.levelname == "ERROR"]
+    assert len(errors) == 1 and "trace_id=" in errors[0].getMessage()
+
+
+def test_method_not_allowed_names_every_method(served: Served) -> None:
+    r = httpx.request("OPTIONS", served.url + "/admin/knobs", headers=ADMIN)
+    assert r.status_code == 405
+    assert r.headers["allow"] == "GET, PATCH"
+    assert r.json()["error"]["type"] == "MethodNotAllowedError"
+
+
+def test_device_state_bad_query_is_400(served: Served) -> None:
+    for query in ("since_us=-1", "since_us=abc"):
+        r = httpx.get(served.url + "/sim/device-state?" + query)
+        assert r.status_code == 400, query
+        assert r.json()["error"]["param"] == "since_us"
