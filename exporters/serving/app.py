@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
@@ -32,10 +33,18 @@ from exporters.serving.engine import (
     ErrorKind,
     GenerationRequest,
 )
-from exporters.serving.errors import INVALID_REQUEST, UNAUTHORIZED, engine_error_reason, engine_error_response
+from exporters.serving.errors import (
+    INTERNAL,
+    INVALID_REQUEST,
+    UNAUTHORIZED,
+    engine_error_reason,
+    engine_error_response,
+    internal_error_response,
+)
 from exporters.serving.http_metrics import install_http_metrics
 from exporters.serving.lifecycle import RequestLifecycle
 from exporters.serving.metrics import OVERFLOW_MODEL, ServingMetrics
+from exporters.serving.openapi import ROUTE_DOCS, install_openapi
 from exporters.serving.protocol import (
     RequestError,
     parse_json_body,
@@ -45,7 +54,7 @@ from exporters.serving.protocol import (
 )
 from exporters.serving.request_log import LogFormat, RequestLogger
 from exporters.serving.streaming import GenerationResponse
-from exporters.serving.tracing import Tracing, extract_context, parse_traceparent
+from exporters.serving.tracing import Tracing, extract_context, new_trace_id, parse_traceparent
 from loadlens import __version__
 from loadlens.contracts.slo import SLOConfig, load_slos
 from loadlens.util.exposition import render as render_exposition
@@ -53,6 +62,27 @@ from loadlens.util.openai_errors import error_response
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Image data URLs make bodies large; beyond this a request is refused with 413 before parsing."""
+
+
+class _Route(APIRoute):
+    """Every route answers an unexpected exception with a logged OpenAI 500 itself, so Starlette's error
+    middleware never prints a bare traceback (generation requests also count it, in ``_generate``)."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (StarletteHTTPException, RequestValidationError):
+                raise
+            except Exception as exc:
+                ids = parse_traceparent(request.headers.get("traceparent"))
+                return internal_error_response(
+                    exc, ids[0] if ids else new_trace_id(), f"{request.method} {request.url.path}"
+                )
+
+        return guarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +159,11 @@ async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -
     parent_ids = parse_traceparent(headers.get("traceparent"))
     tracer = state.tracing.tracer
     parent_ctx = extract_context(headers) if (tracer is not None and parent_ids) else None
-    default_class = state.slos.class_for_priority(0)
+
+    lives: list[RequestLifecycle] = []
 
     def early_life(model: str, priority: int, stream: bool) -> RequestLifecycle:
-        return RequestLifecycle.start(
+        life = RequestLifecycle.start(
             metrics=state.metrics,
             logger=state.logger,
             tracer=tracer,
@@ -148,7 +179,28 @@ async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -
             stream=stream,
             arrival=arrival,
         )
+        lives.append(life)
+        return life
 
+    try:
+        return await _generate_inner(state, request, endpoint, arrival, request_id, early_life)
+    except Exception as exc:
+        # A bug in loadlens or an engine crash before the response started: counted as code="500" with the
+        # request log line and span, then logged with its traceback under the same trace id.
+        life = lives[-1] if lives else early_life(state.base_model, 0, False)
+        life.reject(500, INTERNAL.reason, f"internal error: {type(exc).__name__}: {exc}")
+        return internal_error_response(exc, life.trace_id, f"POST {request.url.path}")
+
+
+async def _generate_inner(
+    state: ServingState,
+    request: Request,
+    endpoint: Endpoint,
+    arrival: float,
+    request_id: str,
+    early_life: Callable[[str, int, bool], RequestLifecycle],
+) -> Response:
+    default_class = state.slos.class_for_priority(0)
     try:
         body = await _read_json(request)
         parsed = parse_request(endpoint, body)
@@ -226,12 +278,17 @@ def create_app(
 
     app = FastAPI(title="loadlens serve", version=__version__, lifespan=lifespan)
     app.state.serving = state
+    app.router.route_class = _Route
     install_http_metrics(app, state.registry)  # vLLM's API-server http_* series, every engine
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = "Not Found" if exc.status_code == 404 else str(exc.detail)
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names only the first matching route's methods; GET and PATCH /admin/knobs are two.
+            headers["Allow"] = ", ".join(_allowed_methods(app, request))
+        return error_response(exc.status_code, message, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -241,18 +298,20 @@ def create_app(
         return error_response(400, f"{param}: {first.get('msg', 'invalid value')}", param)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> Response:
-        return error_response(500, f"internal error: {type(exc).__name__}")
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        # Only what escapes the routes' own guard (middleware); still logged with a trace id.
+        ids = parse_traceparent(request.headers.get("traceparent"))
+        return internal_error_response(exc, ids[0] if ids else new_trace_id(), f"{request.method} {request.url.path}")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **ROUTE_DOCS["POST /v1/chat/completions"])
     async def chat(request: Request) -> Response:
         return await _generate(state, request, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **ROUTE_DOCS["POST /v1/completions"])
     async def completions(request: Request) -> Response:
         return await _generate(state, request, "completions")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **ROUTE_DOCS["GET /v1/models"])
     async def models() -> Response:
         cards = await engine.models()
         created = int(time.time())
@@ -271,14 +330,14 @@ def create_app(
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/health")
+    @app.get("/health", **ROUTE_DOCS["GET /health"])
     async def health() -> Response:
         h = await engine.health()
         if h.ok:
             return JSONResponse({"status": "ok", "engine": engine.name})
         return error_response(503, f"engine unavailable: {h.detail}")
 
-    @app.get("/metrics")
+    @app.get("/metrics", **ROUTE_DOCS["GET /metrics"])
     async def metrics(request: Request) -> Response:
         body, content_type = render_exposition(state.registry, request.headers.get("accept"))
         return Response(body, media_type=content_type)
@@ -296,7 +355,7 @@ def create_app(
         except EngineError as err:
             return engine_error_response(err)
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/load_lora_adapter", **ROUTE_DOCS["POST /v1/load_lora_adapter"])
     async def load_lora_adapter(request: Request) -> Response:
         async def action() -> Response:
             body = parse_load_adapter(await _read_json(request))
@@ -313,7 +372,7 @@ def create_app(
 
         return await _admin(request, action)
 
-    @app.post("/v1/unload_lora_adapter")
+    @app.post("/v1/unload_lora_adapter", **ROUTE_DOCS["POST /v1/unload_lora_adapter"])
     async def unload_lora_adapter(request: Request) -> Response:
         async def action() -> Response:
             name = parse_unload_adapter(await _read_json(request))
@@ -329,14 +388,14 @@ def create_app(
 
         return await _admin(request, action)
 
-    @app.get("/admin/knobs")
+    @app.get("/admin/knobs", **ROUTE_DOCS["GET /admin/knobs"])
     async def get_knobs(request: Request) -> Response:
         async def action() -> Response:
             return JSONResponse({"engine": engine.name, "knobs": engine.knobs()})
 
         return await _admin(request, action)
 
-    @app.patch("/admin/knobs")
+    @app.patch("/admin/knobs", **ROUTE_DOCS["PATCH /admin/knobs"])
     async def patch_knobs(request: Request) -> Response:
         async def action() -> Response:
             changes = await _read_json(request)
@@ -347,13 +406,22 @@ def create_app(
 
         return await _admin(request, action)
 
-    @app.get("/sim/device-state")
-    async def device_state(since_us: int = 0) -> Response:
-        if since_us < 0:
-            return error_response(400, "since_us must be >= 0", "since_us")
+    @app.get("/sim/device-state", **ROUTE_DOCS["GET /sim/device-state"])
+    async def device_state(
+        since_us: int = Query(0, ge=0, le=2**63 - 1, description="only samples after this many microseconds"),
+    ) -> Response:
         doc = engine.device_state(since_us)
         if doc is None:
             return error_response(404, f"engine '{engine.name}' has no simulated device")
         return JSONResponse(doc)
 
+    install_openapi(app)
     return app
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+            methods |= route.methods
+    return sorted(methods)
