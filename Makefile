@@ -8,13 +8,14 @@ PYTEST_ARGS ?=
 # Where no local CPU wheel is on pip's path, point pip at one: TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test lint typecheck bench gpu-check gpu-check-run gpu-check-wheels fixtures generate clean
+.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test lint typecheck bench reliability gpu-check gpu-check-run gpu-check-wheels fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
 	@echo "make train-demo - LoRA fine-tuning on CPU watched by the local stack; a learning-rate spike pages"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
+	@echo "make reliability - the reliability drills: disconnect storms, 10x overload, OTLP endpoint down (direct and via the proxy)"
 	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, and the allocator probe with LoRA (needs torch)"
 	@echo "make gpu-check-wheels - download the wheels a GPU host without PyPI needs for gpu-check into .whl"
 	@echo "make lint   - ruff"
@@ -67,6 +68,9 @@ typecheck: venv
 
 bench: venv
 	$(PY) -m benchmarks
+
+reliability: venv
+	$(PY) -m benchmarks.drills
 
 # On a GPU host: the nvml backend and the in-process allocator collector against real hardware (~40 s, needs torch),
 # then the allocator probe read by the exporter with PEFT LoRA adapters and training (benchmarks/gpu_probe_check.py).

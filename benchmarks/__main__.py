@@ -11,6 +11,7 @@ MODULES = (
     "benchmarks.gpu_exporter",
     "benchmarks.loadgen",
     "benchmarks.probe",
+    "benchmarks.drills",
 )
 
 

@@ -1,0 +1,322 @@
+"""Reliability drills against real ``loadlens serve`` processes, direct and through the ``openai`` proxy.
+
+Run: ``python -m benchmarks.drills [--quick] [--only NAME ...]`` (``make reliability``; ``make bench`` runs it
+too). Each drill prints its figures and a verdict line; the exit status is 1 when any verdict fails.
+
+1. ``disconnects``: N streaming requests each read a few token chunks and then drop the connection, C at a
+   time, against a sim server and through a proxy in front of another one. Afterwards (when the servers have
+   settled, at most 10 s) nothing may be left: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+   the sim's ``vllm:kv_cache_usage_perc`` (KV blocks held) and every server's ``loadlens_requests_in_flight``
+   must all be 0.
+2. ``overload``: 10x more closed-loop clients than the sim admits (``max_num_seqs`` running plus
+   ``max_waiting`` queued), for D seconds, direct and through the proxy. Only 200 and 429 may come back, every
+   429 with ``Retry-After``; the server's RSS growth over the storm is reported; ``/health`` must answer 200
+   5 s after the storm.
+3. ``otlp_down``: two sim servers side by side, one without tracing and one exporting to an OTLP endpoint
+   that refuses connections; alternating rounds of the same load. The request p99 (client e2e) must stay
+   within noise (ratio reported; verdict at 1.25x, 2x for the quick variant's few hundred requests) and the
+   lost spans must be counted
+   (``loadlens_trace_spans_dropped_total`` > 0).
+
+Figures are what this machine measured; it is small and shared, so the quick variants (CI) use small
+numbers and the verdicts do not depend on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import aiohttp
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadlens.util.http import http_ok
+from loadlens.util.net import free_port
+
+BODY_PROMPT = "drill prompt " * 16
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    pid: int
+
+
+@contextmanager
+def serve(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> Iterator[Server]:
+    """A ``loadlens serve`` child on a free port until the block ends (SIGTERM, then SIGKILL)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not http_ok(url + "/health"):
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+                raise RuntimeError(f"loadlens serve {' '.join(args)} exited with {proc.returncode}: {err}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"loadlens serve {' '.join(args)} did not become healthy in {timeout_s:.0f} s")
+            time.sleep(0.05)
+        yield Server(url, proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of ``url``/metrics summed over its labels, by sample name."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    return out
+
+
+def _body(max_tokens: int) -> dict[str, object]:
+    return {"model": "tiny", "prompt": BODY_PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+
+
+# --- 1. disconnects -------------------------------------------------------------------------------------------
+
+LEAK_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+async def _disconnect_storm(url: str, n: int, concurrency: int, read_chunks: int) -> Counter[str]:
+    outcome: Counter[str] = Counter()
+    gate = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def one(i: int) -> None:
+            async with gate:
+                response = await session.post(url + "/v1/completions", json=_body(512))
+                try:
+                    if response.status != 200:
+                        outcome[f"status_{response.status}"] += 1
+                        return
+                    seen = 0
+                    async for line in response.content:
+                        if line.startswith(b"data: {"):
+                            seen += 1
+                            if seen >= read_chunks + (i % 3):  # vary where in the stream the client leaves
+                                break
+                    outcome["dropped_mid_stream" if seen else "no_tokens"] += 1
+                finally:
+                    response.close()  # drops the connection: the server sees a disconnect
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return outcome
+
+
+def _settled(urls: Sequence[str], names: Sequence[str], timeout_s: float = 10.0) -> dict[str, dict[str, float]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        figures = {u: {k: v for k, v in scrape(u).items() if k in names} for u in urls}
+        if all(v == 0 for f in figures.values() for v in f.values()) or time.monotonic() > deadline:
+            return figures
+        time.sleep(0.2)
+
+
+def drill_disconnects(quick: bool) -> bool:
+    n, concurrency = (200, 16) if quick else (1000, 64)
+    ok = True
+    with (
+        serve("--speed", "4") as direct,
+        serve("--speed", "4") as upstream,
+        serve("--engine", "openai", "--upstream", upstream.url) as proxy,
+    ):
+        for label, target, watched in (
+            ("direct", direct.url, [direct.url]),
+            ("proxy", proxy.url, [proxy.url, upstream.url]),
+        ):
+            started = time.perf_counter()
+            outcome = asyncio.run(_disconnect_storm(target, n, concurrency, read_chunks=2))
+            seconds = time.perf_counter() - started
+            left = _settled(watched, (*LEAK_SERIES, "loadlens_requests_in_flight"))
+            leaked = {
+                f"{'proxy' if u == proxy.url else 'sim'}:{k}": v for u, f in left.items() for k, v in f.items() if v
+            }
+            # Not vacuous: the sim must export every watched series, the proxy its in-flight gauge.
+            expected = {u: ["loadlens_requests_in_flight"] if u == proxy.url else [*LEAK_SERIES] for u in watched}
+            absent = [f"{u}:{k}" for u, names in expected.items() for k in names if k not in left[u]]
+            aborts = scrape(watched[0]).get("loadlens_request_aborts_total", 0.0)
+            good = outcome["dropped_mid_stream"] == n and not leaked and not absent and aborts == n
+            ok &= good
+            print(
+                f"disconnects {label}: {n} streams, {concurrency} at a time, {seconds:.1f} s: "
+                f"{dict(outcome)}; the server it reached counted {aborts:.0f} aborts; "
+                f"left behind: {leaked or 'nothing'}"
+                f"{f'; series absent: {absent}' if absent else ''} "
+                f"-> {'PASS' if good else 'FAIL'}",
+                flush=True,
+            )
+    return ok
+
+
+# --- 2. overload ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StormResult:
+    codes: Counter[int] = field(default_factory=Counter)
+    missing_retry_after: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+async def _overload(url: str, clients: int, seconds: float) -> StormResult:
+    out = StormResult()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        stop_at = time.monotonic() + seconds
+
+        async def client() -> None:
+            while time.monotonic() < stop_at:
+                try:
+                    async with session.post(url + "/v1/completions", json=_body(32)) as response:
+                        await response.read()
+                        out.codes[response.status] += 1
+                        if response.status == 429 and "Retry-After" not in response.headers:
+                            out.missing_retry_after += 1
+                        if response.status == 429:
+                            await asyncio.sleep(0.05)  # a client that backs off a little, as the header asks
+                except (aiohttp.ClientError, TimeoutError) as err:
+                    out.errors[type(err).__name__] += 1
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return out
+
+
+def drill_overload(quick: bool) -> bool:
+    seqs, waiting = (4, 4) if quick else (16, 16)
+    clients, seconds = 10 * (seqs + waiting), (5.0 if quick else 20.0)
+    knobs = ("--knob", f"max_num_seqs={seqs}", "--knob", f"max_waiting={waiting}")
+    ok = True
+    with (
+        serve("--speed", "4", *knobs) as direct,
+        serve("--speed", "4", *knobs) as upstream,
+        serve("--engine", "openai", "--upstream", upstream.url) as proxy,
+    ):
+        for label, target in (("direct", direct), ("proxy", proxy)):
+            asyncio.run(_overload(target.url, seqs, 1.0))  # warm the code paths before the RSS baseline
+            rss0 = rss_bytes(target.pid)
+            result = asyncio.run(_overload(target.url, clients, seconds))
+            rss1 = rss_bytes(target.pid)
+            time.sleep(5.0)
+            healthy = httpx.get(target.url + "/health", timeout=5).status_code == 200
+            bad = {c: k for c, k in result.codes.items() if c not in (200, 429)}
+            good = not bad and not result.errors and result.missing_retry_after == 0 and healthy
+            good &= result.codes[200] > 0 and result.codes[429] > 0
+            ok &= good
+            print(
+                f"overload {label}: {clients} clients for {seconds:.0f} s against max_num_seqs={seqs} "
+                f"max_waiting={waiting}: codes {dict(sorted(result.codes.items()))}, 429 without Retry-After "
+                f"{result.missing_retry_after}, client errors {dict(result.errors) or 0}; RSS "
+                f"{rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB ({(rss1 - rss0) / 2**20:+.1f}); /health 5 s "
+                f"after: {'200' if healthy else 'not 200'} -> {'PASS' if good else 'FAIL'}",
+                flush=True,
+            )
+    return ok
+
+
+# --- 3. OTLP endpoint down -------------------------------------------------------------------------------------
+
+
+async def _e2e(url: str, streams: int, seconds: float) -> list[float]:
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        stop_at = time.monotonic() + seconds
+
+        async def user() -> None:
+            while time.monotonic() < stop_at:
+                start = time.perf_counter()
+                async with session.post(url + "/v1/completions", json=_body(16)) as response:
+                    await response.read()
+                    if response.status == 200:
+                        latencies.append(time.perf_counter() - start)
+
+        await asyncio.gather(*(user() for _ in range(streams)))
+    return latencies
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
+
+
+def drill_otlp_down(quick: bool) -> bool:
+    rounds, seconds, streams = (3, 2.0, 8) if quick else (5, 5.0, 16)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    down_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": dead, "OTEL_TRACES_EXPORTER": "otlp"}
+    off_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_TRACES_EXPORTER": ""}
+    with serve("--speed", "4", env=off_env) as off, serve("--speed", "4", env=down_env) as down:
+        p99: dict[str, list[float]] = {"off": [], "down": []}
+        for _ in range(rounds):
+            for label, server in (("off", off), ("down", down)):
+                p99[label].append(_p99(asyncio.run(_e2e(server.url, streams, seconds))))
+        time.sleep(6.0)  # the exporter's batch delay and its retries give up: drops are counted
+        dropped = scrape(down.url).get("loadlens_trace_spans_dropped_total", 0.0)
+    off_ms, down_ms = statistics.median(p99["off"]) * 1e3, statistics.median(p99["down"]) * 1e3
+    ratio = down_ms / off_ms
+    limit = 2.0 if quick else 1.25  # the quick rounds are a few hundred requests: their p99 is noise-bound
+    good = ratio <= limit and dropped > 0
+    print(
+        f"otlp_down: {rounds} alternating rounds of {streams} streams x {seconds:.0f} s; request p99 median "
+        f"tracing off {off_ms:.1f} ms, OTLP endpoint down {down_ms:.1f} ms (x{ratio:.3f}); spans dropped and "
+        f"counted: {dropped:.0f} (verdict: ratio <= {limit}, drops > 0) -> {'PASS' if good else 'FAIL'}",
+        flush=True,
+    )
+    return good
+
+
+DRILLS = {"disconnects": drill_disconnects, "overload": drill_overload, "otlp_down": drill_otlp_down}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.drills", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small numbers (CI)")
+    parser.add_argument("--only", nargs="+", choices=sorted(DRILLS), default=None, help="run only these drills")
+    args, _ = parser.parse_known_args(argv)
+    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; quick={args.quick}", flush=True)
+    failed = [name for name in args.only or DRILLS if not DRILLS[name](args.quick)]
+    if failed:
+        print(f"drills failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

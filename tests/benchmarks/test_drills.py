@@ -1,0 +1,29 @@
+"""The reliability drills' quick variants (``python -m benchmarks.drills --quick``), as CI runs them: real
+``loadlens serve`` processes, direct and through the proxy."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import drills
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(drills.DRILLS))
+def test_quick_drill_passes(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert drills.main(["--quick", "--only", name]) == 0, capsys.readouterr().out
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(name)]
+    assert lines and all(line.endswith("-> PASS") for line in lines)
+    expected = {"disconnects": 2, "overload": 2, "otlp_down": 1}[name]  # direct and proxy, or one side-by-side
+    assert len(lines) == expected
+
+
+def test_scrape_sums_samples_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = 'a_total{x="1"} 2\na_total{x="2"} 3\n# TYPE g gauge\ng 0.5\n'
+
+    class Response:
+        def __init__(self) -> None:
+            self.text = text
+
+    monkeypatch.setattr("benchmarks.drills.httpx.get", lambda url, timeout: Response())
+    assert drills.scrape("http://x") == {"a_total": 5.0, "g": 0.5}
