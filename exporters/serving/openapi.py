@@ -176,6 +176,19 @@ def _body(model: type[BaseModel]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
 
 
+_SSE_EVENT: dict[str, Any] = {
+    "description": "one server-sent event (OpenAPI 3.1: `schema` describes each event of the stream)",
+    "type": "object",
+    "properties": {
+        "data": {
+            "type": "string",
+            "description": 'a chunk object as JSON (`chat.completion.chunk`, `text_completion`), an `{"error": ...}` '
+            "object after a failure, or `[DONE]` last",
+        },
+        "event": {"type": "string"},
+    },
+    "required": ["data"],
+}
 _GENERATION_ERRORS = (400, 404, 413, 429, 500, 503)
 _ADMIN_ERRORS = (400, 401, 404, 413, 429, 500, 503)
 
@@ -188,7 +201,7 @@ def _generation(model: type[BaseModel], response: type[BaseModel]) -> dict[str, 
                 "description": "the whole response (`stream` false) or an SSE stream of chunks ending `data: [DONE]`",
                 "content": {
                     "application/json": {"schema": _ref(response)},
-                    "text/event-stream": {"schema": {"type": "string"}},
+                    "text/event-stream": {"schema": _SSE_EVENT},
                 },
             },
             **_errors(*_GENERATION_ERRORS),
