@@ -18,6 +18,11 @@ too). Each drill prints its figures and a verdict line; the exit status is 1 whe
    lost spans must be counted
    (``loadlens_trace_spans_dropped_total`` > 0).
 
+4. ``restarts``: the local stack (real Prometheus, Alertmanager, pager) with 10 s latency windows; a TTFT
+   breach on the sim; Alertmanager and then Prometheus are restarted (SIGTERM, same data directories) while
+   the alert is pending, and Alertmanager again while it fires. The page must still arrive and, after the
+   load stops, its resolution. Firing notifications are counted (a repeat is a re-notification, not a loss).
+
 Figures are what this machine measured; it is small and shared, so the quick variants (CI) use small
 numbers and the verdicts do not depend on speed.
 """
@@ -26,21 +31,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadlens.contracts.slo import DEFAULT_SLO_FILE
+from loadlens.stack.runner import Stack, StackOptions
 from loadlens.util.http import http_ok
 from loadlens.util.net import free_port
 
@@ -303,7 +317,139 @@ def drill_otlp_down(quick: bool) -> bool:
     return good
 
 
-DRILLS = {"disconnects": drill_disconnects, "overload": drill_overload, "otlp_down": drill_otlp_down}
+# --- 4. Prometheus and Alertmanager restarted mid-run ---------------------------------------------------------
+
+PAGE_ALERT = "LoadlensTTFTP99High"
+
+
+def _stack(run_dir: Path) -> Stack:
+    slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
+    # Short windows so the drill takes a minute (the packaged file uses 1m windows and 1m "for").
+    slo["alerting"].update({"latency_window": "10s", "latency_for": "5s", "min_request_rate": 0.1})
+    slo_file = run_dir / "slos.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    slo_file.write_text(yaml.safe_dump(slo))
+    options = StackOptions(
+        run_dir=run_dir / "stack",
+        **{f"{name}_port": free_port() for name in ("serve", "gpu", "pager", "loadgen", "training")},
+        prometheus_port=free_port(),
+        alertmanager_port=free_port(),
+        model_profile="tiny",
+        gpu_profile="h100-sxm",
+        knobs=["max_waiting=1000"],
+        slo_file=slo_file,
+        scrape_interval="1s",
+    )
+    return Stack(options, say=lambda _: None)
+
+
+def _notifications(stack: Stack, status: str) -> int:
+    path = stack.run_dir / "pages.jsonl"
+    if not path.exists():
+        return 0
+    count = 0
+    for line in path.read_text().splitlines():
+        doc = json.loads(line)
+        count += any(a["labels"]["alertname"] == PAGE_ALERT and a["status"] == status for a in doc["alerts"])
+    return count
+
+
+def _prometheus_state(prom: str) -> str:
+    try:
+        alerts = httpx.get(prom + "/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return "unreachable"
+    states = {a["state"] for a in alerts if a["labels"].get("alertname") == PAGE_ALERT}
+    return "firing" if "firing" in states else ("pending" if "pending" in states else "inactive")
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> float | None:
+    """Seconds until ``predicate()`` held, or None after ``timeout_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(0.25)
+    return None
+
+
+def drill_restarts(quick: bool) -> bool:
+    """A TTFT breach pages through Prometheus and Alertmanager while both restart (SIGTERM, same data): once
+    while the alert is pending (the page must still come), and Alertmanager again while it fires (the
+    resolution must still come)."""
+    if shutil.which("prometheus") is None or not (
+        shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    ):
+        print("restarts: FAIL (prometheus or alertmanager not installed: apt-get install prometheus "
+              "prometheus-alertmanager)", flush=True)  # fmt: skip
+        return False
+    with tempfile.TemporaryDirectory(prefix="loadlens-drill-") as tmp:
+        stack = _stack(Path(tmp))
+        stack.up()
+        try:
+            urls = {s.name: s.url for s in stack._load()}
+            prom, serve_url = urls["prometheus"], urls["serve"]
+            discovered = _wait(
+                lambda: bool(httpx.get(prom + "/api/v1/alertmanagers").json()["data"]["activeAlertmanagers"]), 30
+            )
+            if discovered is None:
+                print("restarts: FAIL (Prometheus never discovered Alertmanager)", flush=True)
+                return False
+            assert httpx.patch(serve_url + "/admin/knobs", json={"max_num_seqs": 1}).status_code == 200
+            stop = threading.Event()
+            load = threading.Thread(target=_breach, args=(serve_url, 12, stop), daemon=True)
+            breach_started = time.monotonic()
+            load.start()
+            try:
+                pending = _wait(lambda: _prometheus_state(prom) in ("pending", "firing"), 60)
+                state_at_restart = _prometheus_state(prom)
+                stack.restart("alertmanager")
+                stack.restart("prometheus")
+                paged = _wait(lambda: _notifications(stack, "firing") > 0, 90)
+                page_s = None if paged is None else time.monotonic() - breach_started
+                stack.restart("alertmanager")  # while firing: the resolution must not be lost
+                time.sleep(3.0)
+            finally:
+                stop.set()
+                load.join(60)
+            resolved = _wait(lambda: _notifications(stack, "resolved") > 0, 90)
+            firing_pages = _notifications(stack, "firing")
+        finally:
+            stack.down()
+    good = pending is not None and paged is not None and resolved is not None
+    print(
+        f"restarts: TTFT breach; {PAGE_ALERT} {state_at_restart if pending is not None else 'never pending'} when "
+        f"Alertmanager then Prometheus restarted; paged {f'{page_s:.1f} s' if page_s is not None else 'never'} "
+        f"after the breach began; Alertmanager restarted again while firing; resolution "
+        f"{f'{resolved:.1f} s after the load stopped' if resolved is not None else 'never'}; firing "
+        f"notifications {firing_pages} (repeats are re-notifications, not lost pages) -> {'PASS' if good else 'FAIL'}",
+        flush=True,
+    )
+    return good
+
+
+def _breach(url: str, streams: int, stop: threading.Event) -> None:
+    async def run() -> None:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+            async def user() -> None:
+                while not stop.is_set():
+                    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                        async with session.post(url + "/v1/completions", json=_body(32)) as response:
+                            await response.read()
+
+            await asyncio.gather(*(user() for _ in range(streams)))
+
+    asyncio.run(run())
+
+
+DRILLS = {
+    "disconnects": drill_disconnects,
+    "overload": drill_overload,
+    "otlp_down": drill_otlp_down,
+    "restarts": drill_restarts,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""``loadlens stack up|down|status``: the whole local stack as child processes, no Docker."""
+"""``loadlens stack up|down|status|restart SERVICE``: the whole local stack as child processes, no Docker."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from loadlens.contracts.ports import PORT
-from loadlens.util.cliutil import env_arg, port_number, positive_float
+from loadlens.util.cliutil import UsageError, env_arg, port_number, positive_float
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,10 +15,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run the local stack (Prometheus, Alertmanager, sim server, GPU exporter, pager) without Docker",
         description=(
             "up: start every process on 127.0.0.1 with generated configs in --run-dir and wait until each is ready; "
-            "down: stop them by PID; status: show each process and whether it answers."
+            "down: stop them by PID; status: show each process and whether it answers; restart SERVICE: stop one "
+            "and start it again with the same command line, configs and data (a failure drill)."
         ),
     )
-    p.add_argument("action", choices=["up", "down", "status"], help="what to do")
+    p.add_argument("action", choices=["up", "down", "status", "restart"], help="what to do")
+    p.add_argument(
+        "service",
+        nargs="?",
+        default=None,
+        help="restart only: the service to restart (pager, alertmanager, serve, gpu-exporter, prometheus)",
+    )
     env = "LOADLENS_STACK_"
     env_arg(p, "--run-dir", type=Path, default=Path(".run/stack"), help="configs, data, logs, PIDs", env_prefix=env)
     for name in ("serve", "gpu", "pager", "loadgen", "training", "prometheus", "alertmanager"):
@@ -52,6 +59,16 @@ def run(args: argparse.Namespace) -> int:
         scrape_interval=args.scrape_interval,
     )
     stack = Stack(options)
+    if (args.service is not None) != (args.action == "restart"):
+        raise UsageError("restart needs a SERVICE, and only restart takes one")
+    if args.action == "restart":
+        try:
+            service = stack.restart(args.service)
+        except RuntimeError as err:
+            print(f"loadlens stack: {err}")
+            return 1
+        print(f"loadlens stack: restarted {service.name} (pid {service.pid}), ready at {service.url}")
+        return 0
     if args.action == "up":
         print(f"loadlens stack: starting in {stack.run_dir}")
         try:

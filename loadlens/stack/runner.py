@@ -3,7 +3,8 @@
 ``up`` starts Prometheus and Alertmanager (system binaries), ``loadlens serve --engine sim``,
 ``loadlens gpu-exporter --backend sim`` and ``loadlens pager``, waits until each answers its readiness URL,
 and records PIDs (with their start times, so a reused PID is never killed) in ``<run-dir>/stack.json``.
-``down`` stops them by PID (SIGTERM, then SIGKILL after a grace period); ``status`` reports each one.
+``down`` stops them by PID (SIGTERM, then SIGKILL after a grace period); ``status`` reports each one;
+``restart NAME`` stops one and starts it again with the same command line and data.
 """
 
 from __future__ import annotations
@@ -209,13 +210,7 @@ class Stack:
         try:
             for service in services:
                 self.say(f"  starting {service.name:<13} {service.url}")
-                log = open(self.run_dir / service.log, "ab")  # noqa: SIM115 - handed to the child
-                proc = subprocess.Popen(
-                    service.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.run_dir
-                )
-                log.close()
-                service.pid = proc.pid
-                service.start_time = _proc_start_time(proc.pid)
+                proc = self._spawn(service)
                 started.append(service)
                 self._save(started)
                 self._wait_ready(service, proc)
@@ -224,6 +219,30 @@ class Stack:
             self._stop(started)
             raise
         return started
+
+    def _spawn(self, service: Service) -> subprocess.Popen[bytes]:
+        log = open(self.run_dir / service.log, "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(
+            service.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.run_dir
+        )
+        log.close()
+        service.pid = proc.pid
+        service.start_time = _proc_start_time(proc.pid)
+        return proc
+
+    def restart(self, name: str) -> Service:
+        """Stop one service (SIGTERM, as an operator or a node drain would) and start it again with the same
+        command line, configs and data directory; waits until it is ready again."""
+        services = self._load()
+        service = next((s for s in services if s.name == name), None)
+        if service is None:
+            known = ", ".join(s.name for s in services) or "none (the stack is not running)"
+            raise UsageError(f"no service {name!r} in {self.run_dir / STATE_FILE}; services: {known}")
+        self._stop([service])
+        proc = self._spawn(service)
+        self._save(services)
+        self._wait_ready(service, proc)
+        return service
 
     def _wait_ready(self, service: Service, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.o.startup_timeout_s

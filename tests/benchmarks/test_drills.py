@@ -14,7 +14,8 @@ def test_quick_drill_passes(name: str, capsys: pytest.CaptureFixture[str]) -> No
     assert drills.main(["--quick", "--only", name]) == 0, capsys.readouterr().out
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(name)]
     assert lines and all(line.endswith("-> PASS") for line in lines)
-    expected = {"disconnects": 2, "overload": 2, "otlp_down": 1}[name]  # direct and proxy, or one side-by-side
+    # direct and through the proxy, or one side-by-side / stack-wide line
+    expected = {"disconnects": 2, "overload": 2, "otlp_down": 1, "restarts": 1}[name]
     assert len(lines) == expected
 
 
