@@ -84,12 +84,13 @@ def _handle_key(handle: Any) -> Any:
 class NvmlError(Exception):
     """An NVML call failed. ``code`` is the NVML return code, ``call`` the NVML function."""
 
-    def __init__(self, code: int, call: str) -> None:
+    def __init__(self, code: int, call: str, detail: str | None = None) -> None:
         self.code = code
         self.call = call
         self.name = error_name(code)
         self.kind = _KIND_BY_CODE.get(code, ErrorKind.OTHER)
-        super().__init__(f"{call}: {self.name} ({code})")
+        self.detail = detail  # the cause where the backend knows it (the sim backend's fetch); None from NVML
+        super().__init__(f"{call}: {self.name} ({code})" + (f": {detail}" if detail else ""))
 
 
 # --- clock-event (throttle) reasons: bit -> label value, from nvml.h --------------------------------------
@@ -223,7 +224,9 @@ class Nvml:
         try:
             return fn(*args)
         except NVMLError as err:
-            raise NvmlError(int(getattr(err, "value", pynvml.NVML_ERROR_UNKNOWN)), name) from err
+            code = int(getattr(err, "value", pynvml.NVML_ERROR_UNKNOWN))
+            detail = getattr(err, "detail", None)
+            raise NvmlError(code, name, detail if isinstance(detail, str) else None) from err
 
     def _extra(self, name: str, handle: Any) -> Any:
         """A sim-only call (no NVML equivalent): NotSupported where the backend lacks it."""

@@ -131,6 +131,7 @@ class GpuExporter:
             "devices": len(devices),
             "lost_devices": lost,
             "last_init_error": self.session.last_init_error,
+            "last_init_detail": self.session.last_init_detail,
         }
         return (503 if status == "down" else 200), body
 

@@ -72,6 +72,7 @@ class Session:
         self.init_failures_total = 0
         self.reinits_total = 0
         self.last_init_error = ""
+        self.last_init_detail = ""  # the cause behind last_init_error where the backend knows it (sim: URL, status)
         self.errors_total: Counter[tuple[str, str]] = Counter()
         self.last_success: dict[str, float] = {}
 
@@ -127,6 +128,7 @@ class Session:
                 log.error("NVML is down: %s; re-initialising with backoff", err)
             self._up = False
             self.last_init_error = err.name
+            self.last_init_detail = err.detail or ""
             self._request_reinit()
 
     def _request_reinit(self) -> None:
@@ -158,12 +160,14 @@ class Session:
         except NvmlError as err:
             self.init_failures_total += 1
             self.last_init_error = err.name
+            self.last_init_detail = err.detail or ""
             log.error("NVML init failed: %s; next try in %.0f s", err, self._backoff)
             self._schedule_retry()
             return
         self._devices, self._lost, self._up = devices, lost, True
         if not devices:
             self.last_init_error = "NoDevices"
+            self.last_init_detail = ""
             log.error("NVML sees no GPUs; next try in %.0f s", self._backoff)
             self._schedule_retry()
         elif lost:
@@ -172,6 +176,7 @@ class Session:
             self._reinit_requested = False
             self._backoff = self._backoff_initial
             self.last_init_error = ""
+            self.last_init_detail = ""
             log.info("NVML up (%s backend): %d GPU(s), driver %s", self.backend, len(devices), self.driver_version)
 
     @staticmethod

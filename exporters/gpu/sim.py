@@ -11,7 +11,8 @@ Where the document comes from (:mod:`exporters.gpu.sim_sources`)::
     SimNvml(StaticSource(DeviceState(...)))                          # tests
 
 Error mapping: the document cannot be fetched -> ``DriverNotLoaded``; unknown document ``version`` ->
-``LibRmVersionMismatch`` (both make the exporter re-initialise later); an index missing from the
+``LibRmVersionMismatch`` (both make the exporter re-initialise later, and both carry the cause, e.g. the URL
+and the HTTP status, as the exception's ``detail``, which the exporter logs); an index missing from the
 document -> ``GpuIsLost``.
 """
 
@@ -109,8 +110,11 @@ class _EventSet:
         self.freed = False
 
 
-def _raise(code: int) -> NoReturn:
-    raise pynvml.NVMLError(code)
+def _raise(code: int, detail: str | None = None) -> NoReturn:
+    err = pynvml.NVMLError(code)
+    if detail is not None:
+        err.detail = detail  # carried into NvmlError and the exporter's log line
+    raise err
 
 
 class SimNvml:
@@ -161,12 +165,16 @@ class SimNvml:
     def _load(self) -> None:
         try:
             state = self.source.fetch(self._since_us())
-        except SourceError:
+        except SourceError as err:
             self._initialised = False
-            _raise(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+            _raise(pynvml.NVML_ERROR_DRIVER_NOT_LOADED, f"sim backend: {err}")
         if state.version != DEVICE_STATE_VERSION:
             self._initialised = False
-            _raise(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+            _raise(
+                pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+                f"sim backend: device-state document version {state.version}; this exporter reads version "
+                f"{DEVICE_STATE_VERSION}",
+            )
         self._fetched_at = self._clock()
         if state is self._state:
             return  # an unchanged file: nothing new to merge

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import pydantic
 
-from loadlens.contracts.device_state import DeviceState
+from loadlens.contracts.device_state import DEVICE_STATE_PATH, DeviceState
 
 
 class SourceError(Exception):
@@ -98,7 +98,12 @@ class HttpSource:
         resp = self._conn.getresponse()
         body = resp.read()
         if resp.status != 200:
-            raise SourceError(f"GET {self.url}: HTTP {resp.status}")
+            hint = ""
+            if resp.status == 404 and not self._path.rstrip("/").endswith(DEVICE_STATE_PATH):
+                base = self.url.split("?", 1)[0].rstrip("/")
+                hint = f" (the sim engine serves its document at {DEVICE_STATE_PATH}: try --sim-url {base}"
+                hint += f"{DEVICE_STATE_PATH})"
+            raise SourceError(f"GET {self.url}: HTTP {resp.status}{hint}")
         return body
 
     def fetch(self, since_us: int) -> DeviceState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 DEVICE_STATE_VERSION = 1
+DEVICE_STATE_PATH = "/sim/device-state"  # where `loadlens serve --engine sim` serves the document
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.gpu.collectors import probe as probe_collector
 from exporters.gpu.nvml import Nvml
-from loadlens.util.probe_directory import DROP_REASONS, ProbeReader
 from exporters.gpu.server import GpuExporter
 from exporters.gpu.sim import SimNvml
 from exporters.gpu.sim_sources import StaticSource
@@ -25,6 +24,7 @@ from loadlens.contracts.probe_document import (
     ProbeDocument,
     ProbeEvents,
 )
+from loadlens.util.probe_directory import DROP_REASONS, ProbeReader
 from loadlens.util.procstat import pid_namespace, start_time_ticks
 from tests.gpu.helpers import default_state
 

@@ -88,6 +88,7 @@ def test_health_ok(base_url: str) -> None:
         "devices": 2,
         "lost_devices": [],
         "last_init_error": "",
+        "last_init_detail": "",
     }
 
 
@@ -107,7 +108,9 @@ def test_nvml_down_metrics_200_health_503(source: StaticSource) -> None:
         assert "loadlens_gpu_nvml_init_failures_total 1.0" in body
         status, _, body = get(f"{url}/health")
         assert status == 503
-        assert json.loads(body)["last_init_error"] == "DriverNotLoaded"
+        doc = json.loads(body)
+        assert doc["last_init_error"] == "DriverNotLoaded"
+        assert doc["last_init_detail"] == "sim backend: engine not running"  # the cause, not only NVML's name
 
 
 def test_degraded_health_when_a_gpu_is_lost() -> None:

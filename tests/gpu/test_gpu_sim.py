@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import pynvml
 import pytest
 
+from exporters.gpu.nvml import Nvml, NvmlError
 from exporters.gpu.sim import SimHandle, SimNvml
 from exporters.gpu.sim_sources import FileSource, HttpSource, SourceError, StaticSource, open_source
 from loadlens.contracts.device_state import DeviceState, UtilSample
@@ -312,8 +313,15 @@ def test_http_source_sends_since_us(engine: tuple[str, list[int]]) -> None:
 
 def test_http_source_errors(engine: tuple[str, list[int]]) -> None:
     base, _ = engine
-    with pytest.raises(SourceError, match="HTTP 404"):
-        HttpSource(f"{base}/nope").fetch(0)
+    with pytest.raises(SourceError) as info:
+        HttpSource(base).fetch(0)  # the server's base URL instead of its document: the hint says which URL
+    assert str(info.value) == (
+        f"GET {base}: HTTP 404 (the sim engine serves its document at /sim/device-state: try --sim-url "
+        f"{base}/sim/device-state)"
+    )
+    with pytest.raises(SourceError) as info:
+        HttpSource(f"{base}/sim/device-state/").fetch(0)  # the right path, yet 404 (a proxy in between): no hint
+    assert str(info.value) == f"GET {base}/sim/device-state/: HTTP 404"
     with pytest.raises(ValueError, match="https is not supported"):
         open_source("https://example.invalid/sim/device-state")
     with pytest.raises(ValueError, match="not an http:// URL"):
@@ -332,3 +340,10 @@ def test_http_source_unreachable() -> None:
     sim = SimNvml(source)
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
         sim.nvmlInit()
+    # The exporter's NVML wrapper carries the cause into its error and so into its log line.
+    with pytest.raises(NvmlError) as info:
+        Nvml(SimNvml(source)).init()
+    assert info.value.detail is not None and info.value.detail.startswith(
+        f"sim backend: GET http://127.0.0.1:{port}/sim/device-state: "
+    )
+    assert str(info.value).startswith(f"nvmlInit: DriverNotLoaded (9): sim backend: GET http://127.0.0.1:{port}/")

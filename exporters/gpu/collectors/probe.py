@@ -24,8 +24,8 @@ from loadlens.contracts.allocator_math import AllocatorReading
 if TYPE_CHECKING:
     # Pydantic models: imported only where the collector is built, so a lean install without pydantic
     # still starts the nvml backend (the probe collector then cannot be selected).
-    from loadlens.util.probe_directory import ProbeReader
     from loadlens.contracts.probe_document import ProbeDocument
+    from loadlens.util.probe_directory import ProbeReader
 
 # As loadlens.util.probe_directory.DROP_REASONS (a test keeps them equal).
 DROP_REASONS = ("corrupt", "version", "stale", "pid_gone", "pid_reused", "duplicate", "too_large", "too_many")
