@@ -9,7 +9,7 @@ meaning changes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -132,6 +132,10 @@ class ServerFigures(_Model):
     server_p99_ttft_ms: Ms = None
     server_output_throughput: Rate = None
     server_peak_waiting_requests: float | None = None
+    # The hot-swap SLA's counts over the stage (increase(), so extrapolated, not integers); None without the series.
+    lora_swap_blocked_requests: float | None = None
+    lora_swap_delayed_requests: float | None = None
+    slo_eligible_requests: float | None = None
 
 
 class SliceFigures(Figures):
@@ -246,6 +250,67 @@ class SummaryRow(_Model):
     peak_vram_gib: float | None = None
 
 
+class VerdictWindow(_Model):
+    """The run's window the verdict looked at, and how long it waited afterwards for alerts to settle."""
+
+    start: str | None = None  # ISO 8601 UTC: the run's start
+    end: str | None = None  # the run's end (the last stage's end)
+    start_timestamp: float | None = None  # Unix seconds
+    end_timestamp: float | None = None
+    checked_until: str | None = None  # alerts and pages were read up to here (end + the wait)
+    waited_seconds: float | None = None  # how long it waited after the end for pending alerts and their pages
+    wait_limit_seconds: float | None = None  # the bound on that wait (--alert-wait)
+
+
+class SLOCheck(_Model):
+    """One SLO of the SLO file judged on one stage (or ``overall``) and, for per-class SLOs, one class."""
+
+    slo: str  # ttft | itl | e2e | goodput | error_ratio | lora_swap
+    priority_class: str | None = None  # None for whole-stage SLOs (error_ratio, lora_swap)
+    stage: str  # a stage name or "overall"
+    statistic: str  # what `observed` is: p99 (the class objective's percentile) or ratio
+    comparison: Literal["<=", ">="] = "<="  # passed = observed <comparison> threshold
+    threshold: float
+    observed: float | None = None  # None: nothing to judge (no samples, or no such percentile in the result)
+    unit: str  # ms | ratio
+    passed: bool | None = None  # None when observed is None
+
+
+class VerdictAlert(_Model):
+    """An alert that fired (Prometheus ALERTS{alertstate="firing"}) in the window, or was still pending."""
+
+    alertname: str
+    severity: str | None = None
+    state: Literal["firing", "resolved", "pending"]  # at checked_until
+    starts_at: str | None = None  # first firing evaluation (pending: when it became pending)
+    ends_at: str | None = None  # last firing evaluation if it resolved, else None
+    labels: dict[str, str] = Field(default_factory=dict)  # its other labels (slo, priority_class, model_name, ...)
+
+
+class VerdictPage(_Model):
+    """An alert inside a notification the pager received in the window (the alert's startsAt in the window)."""
+
+    alertname: str
+    severity: str | None = None
+    receiver: str  # Alertmanager receiver (pager, ticket)
+    status: str  # firing | resolved
+    at: str  # when the pager received it (ISO 8601 UTC)
+
+
+class Verdict(_Model):
+    """Pass/fail of a run against its SLO file, with the alerts and pages of its window (docs/loadgen.md)."""
+
+    status: Literal["pass", "fail", "unknown"]  # fail: some check failed; unknown: none could be judged
+    headline: str  # one line: "FAIL: TTFT p99 (interactive) at c16/c32 above 200 ms; 2 pages"
+    slos: list[SLOCheck] = Field(default_factory=list)
+    alerts: list[VerdictAlert] = Field(default_factory=list)
+    pages: list[VerdictPage] = Field(default_factory=list)
+    window: VerdictWindow = Field(default_factory=VerdictWindow)
+    alerts_source: str | None = None  # the Prometheus URL alerts came from; None: alerts not checked
+    pages_source: str | None = None  # the pager URL pages came from; None: pages not checked
+    errors: list[str] = Field(default_factory=list)  # why alerts or pages could not be read
+
+
 class BenchmarkResult(_Model):
     schema_: str = Field(SCHEMA, alias="schema")
     schema_version: int = SCHEMA_VERSION
@@ -256,6 +321,7 @@ class BenchmarkResult(_Model):
     stages: list[StageResult]
     overall: Overall | None = None
     summary_table: list[SummaryRow] = Field(default_factory=list)
+    verdict: Verdict | None = None  # absent in files written before the verdict existed
 
 
 def parse_result(doc: Any, source: str = "<memory>") -> BenchmarkResult:

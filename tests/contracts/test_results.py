@@ -71,7 +71,8 @@ def test_docs_name_every_key() -> None:
     """docs/loadgen.md names each key, and the latency family by its pattern and each distribution."""
     text = (ROOT / "docs" / "loadgen.md").read_text()
     models = (R.StageResult, R.Overall, R.RunInfo, R.ProfileInfo, R.TrafficClass, R.SLOInfo, R.SLOClass,
-              R.Validity, R.SummaryRow, R.ServerFigures, R.Versions, R.BenchmarkResult)  # fmt: skip
+              R.Validity, R.SummaryRow, R.ServerFigures, R.Versions, R.BenchmarkResult, R.Verdict, R.VerdictWindow,
+              R.SLOCheck, R.VerdictAlert, R.VerdictPage)  # fmt: skip
     missing = sorted(k for m in models for k in _keys(m) if not LATENCY_KEY.match(k) and k not in text)
     assert missing == []
     for infix in ("ttft", "tpot", "itl", "e2el", "chunk_itl", "dispatch_lag"):
