@@ -46,6 +46,7 @@ from exporters.serving.lifecycle import RequestLifecycle
 from exporters.serving.metrics import OVERFLOW_MODEL, ServingMetrics
 from exporters.serving.openapi import ROUTE_DOCS, install_openapi
 from exporters.serving.protocol import (
+    ParsedRequest,
     RequestError,
     parse_json_body,
     parse_load_adapter,
@@ -53,6 +54,7 @@ from exporters.serving.protocol import (
     parse_unload_adapter,
 )
 from exporters.serving.request_log import LogFormat, RequestLogger
+from exporters.serving.responses_api import ResponsesAPIResponse, parse_responses_request
 from exporters.serving.streaming import GenerationResponse
 from exporters.serving.tracing import Tracing, extract_context, new_trace_id, parse_traceparent
 from loadlens import __version__
@@ -152,7 +154,16 @@ class _TooLarge(Exception):
     pass
 
 
-async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -> Response:
+Parse = Callable[[dict[str, Any]], ParsedRequest]
+
+
+async def _generate(
+    state: ServingState,
+    request: Request,
+    endpoint: Endpoint,
+    parse: Parse | None = None,
+    respond: type[GenerationResponse] = GenerationResponse,
+) -> Response:
     arrival = time.monotonic()
     request_id = uuid.uuid4().hex
     headers = request.headers
@@ -183,7 +194,7 @@ async def _generate(state: ServingState, request: Request, endpoint: Endpoint) -
         return life
 
     try:
-        return await _generate_inner(state, request, endpoint, arrival, request_id, early_life)
+        return await _generate_inner(state, request, endpoint, arrival, request_id, early_life, parse, respond)
     except Exception as exc:
         # A bug in loadlens or an engine crash before the response started: counted as code="500" with the
         # request log line and span, then logged with its traceback under the same trace id.
@@ -199,11 +210,13 @@ async def _generate_inner(
     arrival: float,
     request_id: str,
     early_life: Callable[[str, int, bool], RequestLifecycle],
+    parse: Parse | None,
+    respond: type[GenerationResponse],
 ) -> Response:
     default_class = state.slos.class_for_priority(0)
     try:
         body = await _read_json(request)
-        parsed = parse_request(endpoint, body)
+        parsed = parse(body) if parse is not None else parse_request(endpoint, body)
     except _TooLarge:
         life = early_life(state.base_model, 0, False)
         life.reject(413, INVALID_REQUEST.reason, f"request body larger than {MAX_BODY_BYTES} bytes")
@@ -239,7 +252,7 @@ async def _generate_inner(
         life.reject(response.status_code, engine_error_reason(err), err.message)
         return response
     life.admit()
-    return GenerationResponse(life, stream, parsed, model)
+    return respond(life, stream, parsed, model)
 
 
 @contextlib.asynccontextmanager
@@ -310,6 +323,13 @@ def create_app(
     @app.post("/v1/completions", **ROUTE_DOCS["POST /v1/completions"])
     async def completions(request: Request) -> Response:
         return await _generate(state, request, "completions")
+
+    @app.post("/v1/responses", **ROUTE_DOCS["POST /v1/responses"])
+    async def responses(request: Request) -> Response:
+        if engine.name == "openai":
+            # The proxy forwards chat and completions verbatim; it does not translate the Responses API.
+            return error_response(501, "the openai engine does not serve /v1/responses; call the upstream's own")
+        return await _generate(state, request, "chat", parse_responses_request, ResponsesAPIResponse)
 
     @app.get("/v1/models", **ROUTE_DOCS["GET /v1/models"])
     async def models() -> Response:

@@ -22,6 +22,7 @@ from exporters.serving.protocol import (
     LoadLoRAAdapterRequest,
     UnloadLoRAAdapterRequest,
 )
+from exporters.serving.responses_api import ResponsesRequest
 from loadlens.contracts.device_state import DeviceState
 from loadlens.util.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 
@@ -94,6 +95,37 @@ class Completion(_Open):
     usage: Usage | None = None
 
 
+class ResponseOutputText(_Open):
+    type: Literal["output_text"]
+    text: str
+
+
+class ResponseMessage(_Open):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: str
+    content: list[ResponseOutputText]
+
+
+class ResponsesUsage(_Open):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class ResponseObject(_Open):
+    """``POST /v1/responses`` when not streaming (the OpenAI Responses API object)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    model: str
+    status: Literal["completed", "incomplete"]
+    output: list[ResponseMessage]
+    usage: ResponsesUsage
+
+
 class ModelCard(_Open):
     id: str
     object: Literal["model"]
@@ -128,9 +160,11 @@ class KnobChanges(_Open):
 _MODELS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
     CompletionRequest,
+    ResponsesRequest,
     LoadLoRAAdapterRequest,
     UnloadLoRAAdapterRequest,
     KnobChanges,
+    ResponseObject,
     ErrorResponse,
     ChatCompletion,
     Completion,
@@ -164,6 +198,7 @@ _ERRORS: Mapping[int, str] = {
     413: "request body over 64 MiB",
     429: "the engine's waiting queue is full (`Retry-After` header)",
     500: "a bug in loadlens or an engine crash; never a client mistake",
+    501: "the engine does not serve this route (the openai proxy and /v1/responses)",
     503: "engine unavailable or upstream unreachable",
 }
 
@@ -209,9 +244,35 @@ def _generation(model: type[BaseModel], response: type[BaseModel]) -> dict[str, 
     }
 
 
+_RESPONSES_EVENT: dict[str, Any] = {
+    "description": "one server-sent event: `event` is the type (`response.created` ... `response.completed`), "
+    "`data` the event object as JSON",
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
+
+
+def _responses() -> dict[str, Any]:
+    return {
+        "requestBody": _body(ResponsesRequest),
+        "responses": {
+            "200": {
+                "description": "the response object (`stream` false) or the Responses API event stream",
+                "content": {
+                    "application/json": {"schema": _ref(ResponseObject)},
+                    "text/event-stream": {"schema": _RESPONSES_EVENT},
+                },
+            },
+            **_errors(*_GENERATION_ERRORS, 501),
+        },
+    }
+
+
 OPERATIONS: Mapping[str, dict[str, Any]] = {
     "POST /v1/chat/completions": _generation(ChatCompletionRequest, ChatCompletion),
     "POST /v1/completions": _generation(CompletionRequest, Completion),
+    "POST /v1/responses": _responses(),
     "GET /v1/models": {"responses": {"200": _json(ModelList, "the base model and loaded adapters"), **_errors(500)}},
     "GET /health": {"responses": {"200": _json(Health, "the engine is up"), **_errors(500, 503)}},
     "GET /metrics": {

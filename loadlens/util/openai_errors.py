@@ -25,6 +25,7 @@ TYPE_BY_STATUS: Mapping[int, str] = {
     413: "RequestTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",
+    501: "NotImplementedError",
     502: "BadGatewayError",
     503: "ServiceUnavailableError",
     504: "GatewayTimeoutError",

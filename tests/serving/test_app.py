@@ -434,3 +434,12 @@ def test_device_state_bad_query_is_400(served: Served) -> None:
         r = httpx.get(served.url + "/sim/device-state?" + query)
         assert r.status_code == 400, query
         assert r.json()["error"]["param"] == "since_us"
+
+
+def test_responses_api_through_a_proxy_engine_is_501(served: Served) -> None:
+    served.engine.name = "openai"
+    r = httpx.post(served.url + "/v1/responses", json={"input": "hi"})
+    assert r.status_code == 501
+    err = r.json()["error"]
+    assert (err["type"], err["code"]) == ("NotImplementedError", 501)
+    assert "/v1/responses" in err["message"]

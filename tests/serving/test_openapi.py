@@ -19,7 +19,7 @@ from exporters.serving.tracing import Tracing
 from tests.support.server import serve_app
 
 QUICK_EXAMPLES = 5
-"""Per operation and phase: about 550 cases (``python -m benchmarks.reliability`` runs 100: 1,118)."""
+"""Per operation and phase: several hundred cases (``python -m benchmarks.reliability`` runs 100: 1,406)."""
 
 
 @dataclass
@@ -58,6 +58,7 @@ def test_every_body_route_declares_its_request_body(document: dict[str, Any]) ->
     assert bodies == {
         ("POST", "/v1/chat/completions"): "#/components/schemas/ChatCompletionRequest",
         ("POST", "/v1/completions"): "#/components/schemas/CompletionRequest",
+        ("POST", "/v1/responses"): "#/components/schemas/ResponsesRequest",
         ("POST", "/v1/load_lora_adapter"): "#/components/schemas/LoadLoRAAdapterRequest",
         ("POST", "/v1/unload_lora_adapter"): "#/components/schemas/UnloadLoRAAdapterRequest",
         ("PATCH", "/admin/knobs"): "#/components/schemas/KnobChanges",
@@ -70,6 +71,8 @@ def test_statuses_and_media_types(document: dict[str, Any]) -> None:
     chat = _op(document, "post", "/v1/chat/completions")["responses"]
     assert sorted(chat) == ["200", "400", "404", "413", "429", "500", "503"]
     assert sorted(chat["200"]["content"]) == ["application/json", "text/event-stream"]
+    responses = _op(document, "post", "/v1/responses")["responses"]
+    assert sorted(responses) == ["200", "400", "404", "413", "429", "500", "501", "503"]
     assert chat["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
     metrics = _op(document, "get", "/metrics")["responses"]["200"]["content"]
     assert sorted(metrics) == ["application/openmetrics-text", "text/plain"]

@@ -160,3 +160,48 @@ def test_device_state_document_validates(sim: Sim) -> None:
     newest = device.util_samples[-1].timestamp_us
     later = DeviceState.model_validate(httpx.get(sim.url + f"/sim/device-state?since_us={newest}").json())
     assert all(s.timestamp_us > newest for s in later.devices[0].util_samples)
+
+
+def test_responses_api_whole_and_streamed(sim: Sim) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x")
+    whole = client.responses.create(
+        model="tiny", input="Say hello", instructions="be brief", max_output_tokens=4, extra_body={"ignore_eos": True}
+    )
+    assert whole.status == "incomplete"
+    assert whole.incomplete_details is not None and whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.usage is not None and whole.usage.output_tokens == 4
+    assert len(whole.output_text.split()) == 4
+    with client.responses.stream(model="tiny", input=[{"role": "user", "content": "hi"}], max_output_tokens=3) as s:
+        kinds = [ev.type for ev in s]
+        final = s.get_final_response()
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    deltas = kinds.count("response.output_text.delta")
+    assert 1 <= deltas <= 3
+    assert kinds[4 + deltas :] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert final.usage is not None and final.usage.output_tokens == deltas
+    labels = {"model_name": "tiny", "priority_class": "interactive", "code": "200"}
+    assert sim.sample("loadlens_requests_total", labels) == 2
+
+
+def test_responses_api_refusals(sim: Sim) -> None:
+    for body, param in (
+        ({"input": []}, "input"),
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "background": True}, "background"),
+        ({"input": [{"role": "wizard", "content": "x"}]}, "input"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ):
+        r = httpx.post(sim.url + "/v1/responses", json=body)
+        assert r.status_code == 400, body
+        assert r.json()["error"]["param"] == param
