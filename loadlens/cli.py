@@ -56,12 +56,23 @@ def missing_extra(command: str) -> str | None:
     return f"needs the {extra!r} extra ({', '.join(missing)} not installed): pip install 'loadlens[{extra}]'"
 
 
+def installed_version() -> str:
+    """The installed distribution's version (``pyproject.toml``), or ``0.0.0+source`` in a bare source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("loadlens")
+    except PackageNotFoundError:
+        return "0.0.0+source"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or with ``only`` that one (the others' modules stay unimported)."""
     parser = argparse.ArgumentParser(
         prog="loadlens",
         description="Load-test, watch and alert on LLM inference servers and their GPUs.",
     )
+    parser.add_argument("--version", action="version", version=f"loadlens {installed_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in SUBCOMMANDS.items():
         if only is not None and name != only:
@@ -78,6 +89,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:  # without importing every subcommand's module
+        print(f"loadlens {installed_version()}")
+        return 0
     only = args[0] if args and args[0] in SUBCOMMANDS else None
     parsed = build_parser(only).parse_args(args)
     reason = missing_extra(parsed.command)

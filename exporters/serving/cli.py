@@ -38,7 +38,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "(OTEL_* variables) and one structured log line per request. Engines: 'sim' simulates a vLLM-like "
             "server on a given GPU and model; 'openai' proxies to any OpenAI-compatible upstream."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     env_arg(p, "--engine", choices=["sim", "openai"], default="sim", help="engine behind the HTTP layer")
     env_arg(p, "--upstream", default=None, help="upstream base URL for --engine openai, e.g. http://127.0.0.1:8001")

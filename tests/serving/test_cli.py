@@ -115,3 +115,27 @@ def test_main_returns_2_on_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         capsys.readouterr().err.strip()
         == "loadlens serve: error: --engine openai needs --upstream URL (or LOADLENS_UPSTREAM)"
     )
+
+
+def test_help_states_each_default_once() -> None:
+    proc = _run("serve", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    assert "engine behind the HTTP layer (default: sim) [env: LOADLENS_ENGINE]" in text
+    assert text.count("(default: sim)") == 1
+
+
+def test_version_without_importing_the_subcommands() -> None:
+    from loadlens.cli import installed_version
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from loadlens.cli import main; rc = main(['--version']); "
+         "print(sorted(m for m in sys.modules if m.startswith(('exporters', 'loadgen', 'fastapi')))); sys.exit(rc)"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"loadlens {installed_version()}", "[]"]
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert installed_version() == pyproject["project"]["version"]  # the editable install's metadata
