@@ -17,6 +17,10 @@ default metric set. That means, and this module reproduces (it does not use the 
   ``/server_info``, matched anywhere in the template as the instrumentator's regular expressions are) are
   not observed at all.
 
+vLLM's API server also exposes prometheus_client's process collector (``process_cpu_seconds_total``,
+``process_resident_memory_bytes``, ``process_start_time_seconds``, ``process_open_fds``, ...), which its
+dashboards chart; :func:`install_http_metrics` adds it to the serving registry too.
+
 Usage::
 
     install_http_metrics(app, registry)   # once, before the app serves
@@ -29,7 +33,7 @@ import time
 from collections.abc import Sequence
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, Summary
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -158,7 +162,9 @@ class HttpMetricsMiddleware:
 
 
 def install_http_metrics(app: FastAPI, registry: CollectorRegistry) -> HttpMetrics:
-    """Add the middleware to ``app``, its series to ``registry``; returns the recorder."""
+    """Add the middleware to ``app``, its series and the process collector to ``registry``; returns the
+    recorder."""
     metrics = HttpMetrics(registry)
+    ProcessCollector(registry=registry)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     return metrics

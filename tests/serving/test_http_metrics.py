@@ -71,6 +71,9 @@ def test_buckets_are_the_instrumentators_defaults() -> None:
     assert [line.split('le="')[1].split('"')[0] for line in highr] == [*map(str, DURATION_HIGHR_BUCKETS), "+Inf"]
     assert len(DURATION_HIGHR_BUCKETS) == 21
     assert "# TYPE http_request_size_bytes summary" in text
+    # vLLM's API server exposes the process collector too (its instances dashboard charts it).
+    assert reg.get_sample_value("process_start_time_seconds") is not None
+    assert (reg.get_sample_value("process_resident_memory_bytes") or 0) > 0
     assert "# TYPE http_response_size_bytes summary" in text
 
 

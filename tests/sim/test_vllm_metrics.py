@@ -61,6 +61,11 @@ def test_exposed_names_and_label_sets() -> None:
         "loadlens_sim_schedule_slips_total 0.0",
         "loadlens_sim_late_steps_total 0.0",
         "loadlens_sim_lag_seconds 0.0",
+        'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0',
+        'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} 0.0',
+        'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"} 0.0',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 0.0',
+        'vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="device"} 0.0',
     ]:
         assert line in text
     assert "# TYPE vllm:iteration_tokens_total histogram" in text

@@ -48,6 +48,7 @@ from loadlens.contracts.buckets import (
 WAITING_REASONS: tuple[str, ...] = ("capacity", "deferred")
 ADMISSION_REASONS: tuple[str, ...] = ("max_num_queued_reqs", "max_num_queued_tokens")
 FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
+SLEEP_STATES: tuple[str, ...] = ("awake", "weights_offloaded", "discard_all")
 PROMPT_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES: tuple[str, ...] = ("device", "host", "p2p", "disk", "external_unspecified")
 
@@ -99,6 +100,15 @@ class VllmMetrics:
         for child in self.waiting_by_reason.values():
             child.set(0)
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage as a 0-1 ratio (1 = full).")
+        sleep = self._gauge_cls(
+            "vllm:engine_sleep_state",
+            "Engine sleep state: 1 for the current state (awake, weights_offloaded, discard_all), 0 otherwise.",
+            (*base, "sleep_state"),
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        for state in SLEEP_STATES:  # the sim has no sleep mode: always awake
+            sleep.labels(*values, state).set(1 if state == "awake" else 0)
 
         self._cache_info_family = self._gauge_cls(
             "vllm:cache_config_info",
