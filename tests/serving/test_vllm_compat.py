@@ -133,3 +133,42 @@ def test_exposition_passes_promtool_check_metrics(sim_server: str) -> None:
         )
     ]
     assert unexpected == [], "\n".join(problems)
+
+
+# vLLM's default series (loggers.py and the API server's instrumentator) the sim did not export before
+# issue 13, by exposed name: every label set they must carry once traffic ran.
+DEFAULT_SERIES_ADDED = [
+    'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="local_compute"}',
+    'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="local_cache_hit"}',
+    'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="external_kv_transfer"}',
+    'vllm:prompt_tokens_cached_total{engine="0",model_name="tiny"}',
+    'vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="tiny",source="device"}',
+    'vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="awake"}',
+    'vllm:estimated_flops_per_gpu_total{engine="0",model_name="tiny"}',
+    'vllm:estimated_read_bytes_per_gpu_total{engine="0",model_name="tiny"}',
+    'vllm:estimated_write_bytes_per_gpu_total{engine="0",model_name="tiny"}',
+    'http_requests_total{handler="/v1/completions",method="POST",status="2xx"}',
+    'http_request_duration_seconds_bucket{handler="/v1/completions",le="0.1",method="POST"}',
+    'http_request_duration_seconds_bucket{handler="/v1/completions",le="0.5",method="POST"}',
+    'http_request_duration_seconds_bucket{handler="/v1/completions",le="1.0",method="POST"}',
+    'http_request_duration_seconds_bucket{handler="/v1/completions",le="+Inf",method="POST"}',
+    'http_request_duration_highr_seconds_bucket{le="60.0"}',
+    'http_request_size_bytes_count{handler="/v1/completions"}',
+    'http_response_size_bytes_count{handler="/v1/completions"}',
+    "process_start_time_seconds",
+]
+
+
+def test_vllm_default_series_added_in_issue_13_are_exposed(sim_server: str) -> None:
+    asyncio.run(_traffic(sim_server, 1))
+    lines = httpx.get(sim_server + "/metrics").text.splitlines()
+    series = {line.rsplit(" ", 1)[0] for line in lines if line and not line.startswith("#")}
+    assert [s for s in DEFAULT_SERIES_ADDED if s not in series] == []
+    # The sim's prompt tokens split exactly by source (the three sum to vllm:prompt_tokens_total).
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line and line[0] != "#"}
+    lab = 'engine="0",model_name="tiny"'
+    by_source = sum(values[f"vllm:prompt_tokens_by_source_total{{{lab},source={src}}}"]
+                    for src in ('"local_compute"', '"local_cache_hit"', '"external_kv_transfer"'))  # fmt: skip
+    assert by_source == values[f"vllm:prompt_tokens_total{{{lab}}}"] > 0
+    # /metrics and /health are excluded from the HTTP series, as in vLLM.
+    assert not any('handler="/metrics"' in s or 'handler="/health"' in s for s in series)
