@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import aiohttp
 import httpx
 
+from benchmarks import stream_client
 from loadlens.util.child import http_child
+from loadlens.util.http import http_ok
 from loadlens.util.net import free_port
 
 
@@ -160,38 +165,101 @@ def bench_capacity(streams_list: list[int], seconds: float, runs: list[tuple[str
             print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)), flush=True)
 
 
-def bench_proxy(streams_list: list[int], seconds: float, rounds: int, model: str, gpu: str) -> None:
+@contextlib.contextmanager
+def _server_process(*args: str) -> Iterator[tuple[str, int]]:
+    """A ``loadlens serve`` child: (url, pid), the pid for its CPU time."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not http_ok(url + "/health"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{' '.join(args)} did not start")
+            time.sleep(0.05)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc/<pid>/stat (fields 14 and 15, in clock ticks)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ProxyRun:
+    result: stream_client.LoadResult
+    sim_cpu_s: float
+    proxy_cpu_s: float  # 0 for the direct path
+
+
+def bench_proxy(streams_list: list[int], seconds: float, rounds: int, model: str, gpu: str) -> dict[str, object]:
+    """Direct against a sim server vs through ``--engine openai`` in front of the same sim, side by side:
+    rounds alternate the order (direct first, then proxy first); figures are medians of the rounds. The
+    reference client (benchmarks/stream_client.py) reports its own CPU time so it is seen not to be the
+    bottleneck; server CPU comes from /proc/<pid>/stat, per chunk = CPU seconds / chunks forwarded."""
     print(
-        f"\n## Proxy overhead: direct vs through --engine openai (model {model}, gpu {gpu}; medians of {rounds} rounds)"
+        f"\n## Proxy overhead: direct vs through --engine openai (model {model}, gpu {gpu}, real time, {seconds:g} s"
+        f" runs; medians of {rounds} alternating rounds)"
     )
-    print(f"{'streams':>8} {'path':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>8}")
+    heads = ("streams", "path", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "tok/s", "chunks",
+             "sim us/chunk", "proxy us/chunk", "client us/chunk", "client CPU %")  # fmt: skip
+    widths = (7, 6, 9, 9, 8, 8, 8, 8, 12, 14, 15, 12)
+    print(" ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
     sim_args = ("--engine", "sim", "--model-profile", model, "--gpu-profile", gpu, "--knob", "max_waiting=100000")
-    with server(*sim_args) as sim_url, server("--engine", "openai", "--upstream", sim_url) as proxy_url:
+    report: dict[str, object] = {}
+    with contextlib.ExitStack() as servers:
+        sim_url, sim_pid = servers.enter_context(_server_process(*sim_args))
+        proxy_url, proxy_pid = servers.enter_context(_server_process("--engine", "openai", "--upstream", sim_url))
         for streams in streams_list:
-            runs: dict[str, list[LoadResult]] = {"direct": [], "proxy": []}
-            for _ in range(rounds):
-                for name, url in (("direct", sim_url), ("proxy", proxy_url)):
-                    runs[name].append(asyncio.run(_load(url, model, streams, seconds)))
+            runs: dict[str, list[ProxyRun]] = {"direct": [], "proxy": []}
+            for i in range(rounds):
+                order = [("direct", sim_url), ("proxy", proxy_url)]
+                for name, url in order if i % 2 == 0 else order[::-1]:
+                    sim0, proxy0 = cpu_seconds(sim_pid), cpu_seconds(proxy_pid)
+                    result = stream_client.run_load(url, model, streams, seconds)
+                    sim1, proxy1 = cpu_seconds(sim_pid), cpu_seconds(proxy_pid)
+                    runs[name].append(ProxyRun(result, sim1 - sim0, proxy1 - proxy0 if name == "proxy" else 0.0))
             summary = {}
-            for name, results in runs.items():
+            for name, group in runs.items():
+                med = statistics.median
                 row = {
-                    "ttft50": statistics.median(pct(r.ttft, 0.5) for r in results) * 1000,
-                    "ttft99": statistics.median(pct(r.ttft, 0.99) for r in results) * 1000,
-                    "itl50": statistics.median(pct(r.itl, 0.5) for r in results) * 1000,
-                    "itl99": statistics.median(pct(r.itl, 0.99) for r in results) * 1000,
-                    "tok_s": statistics.median(r.tok_s for r in results),
+                    "ttft50": med(pct(r.result.ttft, 0.5) for r in group) * 1000,
+                    "ttft99": med(pct(r.result.ttft, 0.99) for r in group) * 1000,
+                    "itl50": med(pct(r.result.itl, 0.5) for r in group) * 1000,
+                    "itl99": med(pct(r.result.itl, 0.99) for r in group) * 1000,
+                    "tok_s": med(r.result.tok_s for r in group),
+                    "chunks": med(r.result.chunks for r in group),
+                    "sim_us": med(r.sim_cpu_s / max(r.result.chunks, 1) for r in group) * 1e6,
+                    "proxy_us": med(r.proxy_cpu_s / max(r.result.chunks, 1) for r in group) * 1e6,
+                    "client_us": med(r.result.client_cpu_s / max(r.result.chunks, 1) for r in group) * 1e6,
+                    "client_pct": med(r.result.client_cpu_s / r.result.seconds for r in group) * 100,
+                    "errors": sum(r.result.errors for r in group),
                 }
                 summary[name] = row
-                print(
-                    f"{streams:>8} {name:>7} {row['ttft50']:9.2f} {row['ttft99']:9.2f} {row['itl50']:8.2f}"
-                    f" {row['itl99']:8.2f} {row['tok_s']:8.0f}"
-                )
+                cells = [str(streams), name, f"{row['ttft50']:.2f}", f"{row['ttft99']:.2f}", f"{row['itl50']:.2f}",
+                         f"{row['itl99']:.2f}", f"{row['tok_s']:.0f}", f"{row['chunks']:.0f}",
+                         f"{row['sim_us']:.1f}", f"{row['proxy_us']:.1f}" if name == "proxy" else "-",
+                         f"{row['client_us']:.1f}", f"{row['client_pct']:.0f}"]  # fmt: skip
+                print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)), flush=True)
             d, p = summary["direct"], summary["proxy"]
             print(
-                f"{streams:>8} {'delta':>7} {p['ttft50'] - d['ttft50']:+9.2f} {p['ttft99'] - d['ttft99']:+9.2f}"
+                f"{streams:>7} {'diff':>6} {p['ttft50'] - d['ttft50']:+9.2f} {p['ttft99'] - d['ttft99']:+9.2f}"
                 f" {p['itl50'] - d['itl50']:+8.2f} {p['itl99'] - d['itl99']:+8.2f}"
-                f" {(p['tok_s'] / d['tok_s'] - 1) * 100:+7.1f}%"
+                f"  ratio {p['tok_s'] / d['tok_s']:.4f}; errors direct {d['errors']}, proxy {p['errors']}",
+                flush=True,
             )
+            report[str(streams)] = summary
+    return report
 
 
 def bench_instrumentation(tokens: int = 200_000) -> None:
@@ -214,7 +282,9 @@ def bench_instrumentation(tokens: int = 200_000) -> None:
 
     slos = load_slos()
     metrics = ServingMetrics(CollectorRegistry(), slos, "sim", "bench")
-    tracing = Tracing.from_env("bench", metrics.spans_dropped.inc, exporter=NullExporter())
+    tracing = Tracing.from_env(
+        "bench", lambda reason, n: metrics.spans_dropped.labels(reason).inc(n), exporter=NullExporter()
+    )
     logger = RequestLogger("logfmt")
     per_request = 256
 
@@ -253,14 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["capacity", "proxy", "instrumentation"], default=None)
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else 10.0
-    rounds = 1 if args.quick else 3
+    proxy_seconds, proxy_rounds = (3.0, 2) if args.quick else (15.0, 3)
     print(f"# loadlens serving benchmarks ({os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')})")
     if args.only in (None, "capacity"):
         bench_capacity(
             [64, 256], seconds, [("tiny", "h100-sxm", 1.0), ("deepseek-r1-distill-llama-8b", "h100-sxm", 1.0)]
         )
     if args.only in (None, "proxy"):
-        bench_proxy([16, 64], seconds, rounds, "deepseek-r1-distill-llama-8b", "h100-sxm")
+        bench_proxy([16, 64], proxy_seconds, proxy_rounds, "deepseek-r1-distill-llama-8b", "h100-sxm")
     if args.only in (None, "instrumentation"):
         bench_instrumentation(20_000 if args.quick else 200_000)
     return 0

@@ -44,6 +44,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     env_arg(p, "--upstream-api-key", default=None, help="bearer token sent to the upstream (openai engine)")
     env_arg(
         p,
+        "--upstream-max-connections",
+        type=non_negative_int,
+        default=1024,
+        help="openai engine: at most this many connections to the upstream (0 = unbounded); more requests wait",
+    )
+    env_arg(
+        p,
+        "--upstream-connect-timeout",
+        type=positive_float,
+        default=5.0,
+        help="openai engine: seconds to open a connection to the upstream (then 503)",
+    )
+    env_arg(
+        p,
+        "--upstream-read-timeout",
+        type=positive_float,
+        default=600.0,
+        help="openai engine: seconds to wait for the upstream's next bytes (its answer, then each chunk)",
+    )
+    env_arg(
+        p,
         "--upstream-probe-dir",
         type=Path,
         default=None,
@@ -99,7 +120,14 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
         if _knob_overrides(args):
             raise UsageError("--knob applies to the sim engine only; configure the upstream server itself")
         try:
-            engine = OpenAIProxyEngine(args.upstream, api_key=args.upstream_api_key)
+            engine = OpenAIProxyEngine(
+                args.upstream,
+                api_key=args.upstream_api_key,
+                connect_timeout_s=args.upstream_connect_timeout,
+                read_timeout_s=args.upstream_read_timeout,
+                max_connections=args.upstream_max_connections,
+                registry=registry,
+            )
         except ValueError as err:
             raise UsageError(str(err)) from err
         if args.upstream_probe_dir is not None:

@@ -147,9 +147,10 @@ class OutputEvent:
     finish_reason: FinishReason | None = None
     stop_reason: str | None = None
     cached_tokens: int = 0
-    wire_chunk: bytes | None = None
-    """An upstream's own SSE ``data:`` payload (JSON bytes), forwarded verbatim to streaming clients
-    (proxy engines); ``None`` lets the HTTP layer build the chunk."""
+    wire_frames: bytes | None = None
+    """Complete SSE frames (``data: {json}\n\n``, one or several) from an upstream, written to streaming
+    clients as they are (proxy engines); ``None`` lets the HTTP layer build the chunk. An event carrying
+    several frames counts their tokens in ``new_tokens`` and is sent in one write."""
     role: str | None = None
     """Set on a first chunk that only announces the assistant role (OpenAI chat streaming)."""
 
@@ -159,7 +160,7 @@ class RequestStream(abc.ABC):
 
     Exactly one event carries ``finish_reason``. Engines that build their own events end the stream there;
     a proxy may follow it with one usage-only event (``new_tokens == 0``, final counts, the upstream's usage
-    chunk as ``wire_chunk``), because OpenAI servers send usage after the finishing chunk.
+    chunk as ``wire_frames``), because OpenAI servers send usage after the finishing chunk.
     """
 
     request_id: str

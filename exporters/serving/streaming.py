@@ -116,17 +116,11 @@ class GenerationResponse(Response):
                 if ev.finish_reason is not None:
                     finish_reason = ev.finish_reason.value
                 cached = ev.cached_tokens or cached
-                if (
-                    ev.wire_chunk is None
-                    and ev.new_tokens == 0
-                    and not ev.text
-                    and ev.finish_reason is None
-                    and ev.role is None
-                ):
-                    continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
-                if ev.wire_chunk is not None:
+                body = ev.wire_frames
+                if body is not None:
                     saw_wire = True
-                    body = b"data: " + ev.wire_chunk + b"\n\n"
+                elif ev.new_tokens == 0 and not ev.text and ev.finish_reason is None and ev.role is None:
+                    continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
                 elif ev.role is not None:
                     continue  # the role chunk is sent with the first content below, as vLLM does
                 else:

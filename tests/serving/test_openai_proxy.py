@@ -210,31 +210,29 @@ def test_upstream_error_translation() -> None:
 
 
 PLAIN = [  # chunks the byte-level path reads; the JSON path reads the same fields from them
+    b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+    b'"logprobs":null,"finish_reason":null}]}',
     b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t1 "},'
     b'"logprobs":null,"finish_reason":null}]}',
     b'{"id":"c","choices":[{"index":0,"delta":{"content":"say \\"hi\\" caf\\u00e9\\n"},"finish_reason":null}],'
     b'"usage":null}',
     b'{"id":"c","choices":[{"index":0,"delta":{"content":""}}]}',
-    b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"content":null,"reasoning_content":"hmm"}}]}',
+    b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":5}}',
 ]
 OTHER = [  # chunks only the JSON path reads
-    b'{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
     b'{"id":"c","choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"length","stop_reason":null}]}',
     b'{"id":"c", "choices": [{"index": 0, "delta": {"content": "spaced"}}]}',
-    b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":6}}',
+    b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}',
 ]
 
 
-def _proxy_stream(endpoint: str, stream_options: dict[str, bool], client_streams: bool) -> object:
+def _proxy_stream(endpoint: str, stream_options: dict[str, bool], client_streams: bool) -> Any:
     from exporters.serving.engine import GenerationRequest, SamplingParams
     from exporters.serving.engines.openai_proxy import _ProxyStream
 
-    class _Content:
-        def __aiter__(self) -> _Content:
-            return self
-
     class _Response:
-        content = _Content()
+        content = None
 
     request = GenerationRequest(
         request_id="r",
@@ -250,31 +248,76 @@ def _proxy_stream(endpoint: str, stream_options: dict[str, bool], client_streams
     return _ProxyStream(_Response(), request, "http://u:1")  # type: ignore[arg-type]
 
 
+def _frames(*payloads: bytes) -> bytes:
+    return b"".join(b"data: " + p + b"\n\n" for p in payloads)
+
+
+def _summary(event: Any) -> tuple[object, ...]:
+    return (event.text, event.new_tokens, event.prompt_tokens, event.output_tokens, event.finish_reason)
+
+
 @pytest.mark.parametrize("client_streams", [True, False])
 @pytest.mark.parametrize("options", [{}, {"include_usage": True, "continuous_usage_stats": True}])
 def test_byte_level_chunk_reading_matches_json(client_streams: bool, options: dict[str, bool]) -> None:
-    import asyncio
-
-    async def events(fast: bool) -> list[object]:
-        stream: Any = _proxy_stream("chat", options, client_streams)
+    def events(fast: bool) -> list[object]:
+        stream = _proxy_stream("chat", options, client_streams)
         if not fast:
-            stream._fast_fields = lambda payload: None
-        out = [stream._parse(p) for p in PLAIN + OTHER]
-        return [*out, stream._prompt_tokens, stream._output_tokens]
+            stream._fast = lambda payload: None
+        out = [stream._feed(_frames(p)) for p in PLAIN + OTHER]
+        return [None if e is None else _summary(e) for e in out] + [e.wire_frames for e in out if e is not None]
 
-    with_fast, json_only = asyncio.run(events(True)), asyncio.run(events(False))
+    with_fast, json_only = events(True), events(False)
     assert with_fast == json_only
-    probe: Any = _proxy_stream("chat", options, client_streams)
-    read_by_bytes = [probe._fast_fields(p) is not None for p in PLAIN + OTHER]
     keep = bool(options)
-    assert read_by_bytes == [True, True, True, keep, False, False, False, False]
+    # (text, new tokens, prompt, output, finish) per chunk; None: nothing to send and no count changed.
+    # The role chunk carries no token, content one each, reasoning one, a usage-carrying chunk what its
+    # usage adds (counted also when not asked for; then stripped from the forwarded chunk).
+    texts = ["", "t1 ", 'say "hi" caf\u00e9\n', "", "", "x", "y", "spaced", ""]
+    counts = [(0, 0, 0), (1, 0, 1), (1, 0, 2), (0, 0, 2), (1, 0, 3), (2, 3, 5), (1, 3, 6), (1, 3, 7), (0, 3, 7)]
+    finish = [None] * 6 + ["length", None, None]
+    expected: list[object] = [
+        (texts[i] if not client_streams else "", *counts[i], finish[i]) for i in range(len(counts))
+    ]
     if client_streams:
-        assert [e.wire_chunk for e in with_fast[:3]] == PLAIN[:3]  # forwarded byte for byte
+        expected[8] = expected[8] if keep else None  # the usage-only chunk: sent only when asked for
+    else:
+        expected[0] = expected[3] = expected[8] = None
+    assert with_fast[: len(counts)] == expected
+    probe = _proxy_stream("chat", options, client_streams)
+    read_by_bytes = [probe._fast(p) is not None for p in PLAIN + OTHER]
+    assert read_by_bytes == [True, True, True, True, True, keep, False, False, False]
+    wires = with_fast[len(counts) :]
+    if not client_streams:
+        assert wires == [None] * len(wires)
+        return
+    assert wires[:5] == [_frames(p) for p in PLAIN[:5]]  # forwarded byte for byte
+    stripped = b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}]}'
+    assert wires[5] == _frames(PLAIN[5] if keep else stripped)
+    assert wires[6] == _frames(OTHER[0])
+    assert wires[7] == _frames(OTHER[1])
+    assert len(wires) == (9 if keep else 8)  # the usage-only chunk only when asked for
+    if keep:
+        assert wires[8] == _frames(OTHER[2])
+
+
+def test_one_event_per_read_with_every_frame_and_partial_frames_kept() -> None:
+    stream = _proxy_stream("chat", {}, True)
+    data = _frames(PLAIN[1], PLAIN[1], PLAIN[1]) + b"data: " + PLAIN[1][:20]
+    event = stream._feed(data)
+    assert (event.new_tokens, event.output_tokens) == (3, 3)
+    assert event.wire_frames == _frames(PLAIN[1], PLAIN[1], PLAIN[1])  # one write
+    assert stream._feed(PLAIN[1][20:]) is None  # still no frame end
+    event = stream._feed(b"\r\n\r\n: keep-alive comment\n\nevent: x\ndata: " + OTHER[0] + b"\n\ndata: [DONE]\n\n")
+    assert (event.new_tokens, event.output_tokens, event.finish_reason) == (2, 5, "length")
+    assert event.wire_frames == _frames(PLAIN[1], OTHER[0])  # comment and event: lines dropped, [DONE] ours
+    assert stream._ended
 
 
 def test_byte_level_reading_of_completions_chunks() -> None:
-    stream: Any = _proxy_stream("completions", {}, True)
-    assert stream._fast_fields(b'{"choices":[{"index":0,"text":"a\\tb","finish_reason":null}]}') == ("a\tb", None, None)
-    assert stream._fast_fields(b'{"choices":[{"index":0,"text":null}]}') == ("", None, None)
-    assert stream._fast_fields(b'{"choices":[{"index":0,"text":"a"}]') is None  # truncated frame
-    assert stream._fast_fields(b'{"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]}') is None
+    stream = _proxy_stream("completions", {}, False)
+    ev = stream._feed(_frames(b'{"choices":[{"index":0,"text":"a\\tb","finish_reason":null}]}'))
+    assert (ev.text, ev.new_tokens) == ("a\tb", 1)
+    assert stream._feed(_frames(b'{"choices":[{"index":0,"text":null}]}')) is None  # nothing new
+    assert stream._fast(b'{"choices":[{"index":0,"text":"a"}]') is None  # truncated frame
+    with pytest.raises(Exception, match="invalid JSON"):
+        stream._feed(_frames(b'{"choices":[{"index":0,"text":"a"}]'))

@@ -1,24 +1,30 @@
 """The ``openai`` engine: a transparent proxy to any OpenAI-compatible upstream (vllm serve, sglang,
 llama.cpp server, another loadlens).
 
-- Streams chunk by chunk without buffering: each upstream SSE ``data:`` payload is forwarded verbatim as the
-  event's ``wire_chunk``. The proxy always asks for the final usage chunk (exact token totals) and forwards it
+- Streams without buffering and without re-encoding: each read of the upstream connection becomes one event
+  whose ``wire_frames`` are the upstream's SSE frames as they came (several when the proxy fell behind: one
+  write). Token counts, finish reason and usage are read from the bytes; ``json.loads`` only for the few
+  chunks that need it. The proxy always asks for the final usage chunk (exact token totals) and forwards it
   only to clients that asked for it.
 - Non-streaming client requests are streamed from the upstream too, so the proxy measures time to first token
   for them as well; the HTTP layer assembles the JSON body.
-- Upstream errors keep their status and body; an unreachable upstream is 503.
+- Upstream errors keep their status and body. The proxy answers for itself only when the upstream could not be
+  used: 503 unreachable, 502 closed without answering / broken stream, 504 no answer in time, each counted by
+  reason; a try that provably never reached the upstream (a stale keep-alive connection) is sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Counter
 
 from exporters.serving.engine import (
     Engine,
@@ -93,167 +99,306 @@ def _error_message(body: Mapping[str, Any] | None, status: int, raw: bytes) -> s
 
 
 class _ProxyStream(RequestStream):
+    """One upstream SSE response, read as raw bytes.
+
+    Each read takes whatever the upstream connection has buffered (one chunk, or several when the proxy fell
+    behind) and turns it into **one** event: the complete SSE frames, forwarded as they came in one write
+    (``wire_frames``), plus the token count, finish reason and usage read from them by byte search. Only the
+    few chunks that need more (the role and finishing chunks are fine; usage to strip, a usage-only chunk the
+    client did not ask for, anything not compact JSON) go through ``json.loads``.
+    """
+
     def __init__(
         self,
         response: aiohttp.ClientResponse,
         request: GenerationRequest,
         upstream: str,
         windows: SwapWindows | None = None,
+        on_failure: Callable[[str], None] | None = None,
+        table: dict[str, _ProxyStream] | None = None,
     ) -> None:
         self.request_id = request.request_id
+        self._table = table  # the engine's streams in flight: left on aclose, which every ending reaches
         self._upstream = upstream
         self.timing = RequestTiming()
         self._response = response
+        self._content = response.content
         self._endpoint = request.endpoint
-        self._keep_usage = bool((request.body.get("stream_options") or {}).get("continuous_usage_stats"))
-        self._keep_final_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
+        self._chat = request.endpoint == "chat"
+        self._text_key = b'"content"' if self._chat else b'"text"'
+        options = request.body.get("stream_options") or {}
+        self._keep_usage = bool(options.get("continuous_usage_stats"))
+        self._keep_final_usage = bool(options.get("include_usage"))
         self._client_streams = request.stream_requested
+        self._on_failure = on_failure
         self._prompt_tokens = 0
         self._output_tokens = 0
         self._finished = False
+        self._ended = False  # [DONE] seen
         self._closed = False
-        self._lines = response.content.__aiter__()
+        self._buf = b""
+        # Per read: what the frames of this read carried.
+        self._tokens = 0
+        self._texts: list[str] = []
+        self._finish: FinishReason | None = None
+        self._stop_reason: str | None = None
         self._windows = windows if windows is not None else SwapWindows()
-        self._marks = progress_marks(request.arrival_time)  # admission, then each token chunk's arrival
+        self._marks = progress_marks(request.arrival_time)  # admission, then each read carrying tokens
 
     async def __anext__(self) -> OutputEvent:
         while True:
-            try:
-                line = await self._lines.__anext__()
-            except StopAsyncIteration:
-                await self.aclose()
-                if not self._finished:
-                    self.timing.finished = asyncio.get_running_loop().time()
-                    raise upstream_error(self._upstream, "upstream closed the stream before finishing") from None
-                raise
-            except aiohttp.ClientError as err:
-                await self.aclose()
-                raise upstream_error(self._upstream, f"upstream stream broke: {err}") from err
-            if not line.startswith(b"data:"):
-                continue  # blank separators, comments, event: lines
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
+            if self._ended:
                 await self.aclose()
                 raise StopAsyncIteration
-            event = self._parse(payload)
+            try:
+                data = await self._content.readany()
+            except (aiohttp.ClientError, TimeoutError) as err:
+                await self._fail("stream_broken")
+                raise upstream_error(self._upstream, f"upstream stream broke: {err}") from err
+            if not data:
+                if self._finished:  # finished, then closed without [DONE]: nothing is missing
+                    await self.aclose()
+                    raise StopAsyncIteration
+                self.timing.finished = time.monotonic()
+                await self._fail("stream_broken")
+                raise upstream_error(self._upstream, "upstream closed the stream before finishing")
+            try:
+                event = self._feed(data)
+            except EngineError:
+                await self._fail("bad_stream")
+                raise
             if event is not None:
-                if event.new_tokens or event.finish_reason is not None:
-                    self._marks.append(time.monotonic())
                 return event
 
-    def _parse(self, payload: bytes) -> OutputEvent | None:
-        fields = self._fast_fields(payload)
-        if fields is not None:
-            text, completion, prompt = fields
+    async def _fail(self, reason: str) -> None:
+        if self._on_failure is not None:
+            self._on_failure(reason)
+        await self.aclose()
+
+    def _feed(self, data: bytes) -> OutputEvent | None:
+        """The event for one read: every complete frame in it (a partial one waits for the next read)."""
+        if (
+            self._client_streams
+            and not self._buf
+            and data.startswith(b"data: {")
+            and data.endswith(b"}\n\n")
+            and data.find(b"\n", 7) == len(data) - 2
+        ):
+            # The common read: one plain content chunk for a streaming client, forwarded as it came.
+            before = self._output_tokens
+            if self._fast(data[6:-2]):
+                tokens = self._output_tokens - before
+                if tokens:
+                    now = time.monotonic()
+                    self._marks.append(now)
+                    if self.timing.first_token is None:
+                        self.timing.first_token = now
+                return OutputEvent("", tokens, self._prompt_tokens, self._output_tokens, wire_frames=data)
+            self._tokens = 0  # the JSON path reads it again from the start
+        return self._feed_frames(data)
+
+    def _feed_frames(self, data: bytes) -> OutputEvent | None:
+        buf = self._buf + data if self._buf else data
+        if b"\r" in buf:  # CRLF line ends (allowed by SSE); JSON strings never hold a raw CR
+            buf = buf.replace(b"\r\n", b"\n")
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return None
+        end += 2
+        complete, self._buf = (buf, b"") if end == len(buf) else (buf[:end], buf[end:])
+        frames = complete.split(b"\n\n")
+        frames.pop()  # after the last separator
+        self._tokens = 0
+        self._finish = None
+        self._stop_reason = None
+        prompt_before, output_before = self._prompt_tokens, self._output_tokens
+        pieces: list[bytes] = []
+        verbatim = True
+        for frame in frames:
+            if frame[:6] == b"data: " and b"\n" not in frame:
+                payload = frame[6:]
+            else:
+                verbatim = False
+                data_lines = _data_of(frame)
+                if data_lines is None:
+                    continue  # blank lines, comments, event:/id: lines without data
+                payload = data_lines
+                frame = b"data: " + payload
+            if payload == b"[DONE]":
+                verbatim = False
+                self._ended = True
+                break  # the HTTP layer writes its own [DONE]
+            kept: bool | bytes | None = self._fast(payload)
+            if kept is None:
+                kept = self._slow(payload)
+            if kept is True:
+                pieces.append(frame)
+            elif kept is False:
+                verbatim = False
+            else:
+                verbatim = False
+                pieces.append(b"data: " + kept)
+        wire: bytes | None = None
+        if self._client_streams and pieces:
+            wire = complete if verbatim else b"\n\n".join(pieces) + b"\n\n"
+        tokens, finish = self._tokens, self._finish
+        if (
+            wire is None
+            and not tokens
+            and finish is None
+            and prompt_before == self._prompt_tokens
+            and output_before == self._output_tokens
+        ):
+            return None
+        now = time.monotonic()
+        if tokens or finish is not None:
+            self._marks.append(now)
+            if tokens and self.timing.first_token is None:
+                self.timing.first_token = now
+        if finish is not None:
+            self._finished = True
+            self.timing.finished = now
+        text = ""
+        if self._texts:
+            text = "".join(self._texts)
+            self._texts.clear()
+        return OutputEvent(
+            text,
+            tokens,
+            self._prompt_tokens,
+            self._output_tokens,
+            finish_reason=finish,
+            stop_reason=self._stop_reason,
+            wire_frames=wire,
+        )
+
+    def _add(self, text: str, nonempty: bool, completion: int | None) -> None:
+        """Count a content chunk's tokens: from usage when given, else one per non-empty chunk."""
+        if completion is None:
+            new_tokens = 1 if nonempty else 0
+        else:
+            new_tokens = max(0, completion - self._output_tokens)
+        self._output_tokens += new_tokens
+        self._tokens += new_tokens
+        if text and not self._client_streams:
+            self._texts.append(text)
+
+    def _fast(self, payload: bytes) -> bool | None:
+        """Read a plain content chunk (most of a stream, the role chunk included) by byte search and keep it
+        as it came (True); None for every other chunk (finishing, usage to strip, errors, usage-only, not
+        compact), which the JSON path reads."""
+        if (
+            b'"choices":[{' not in payload
+            or b'"error"' in payload
+            or not payload.startswith(b"{")
+            or not payload.endswith(b"}")
+        ):
+            return None
+        f = payload.find(b'"finish_reason":')
+        if f >= 0 and payload[f + 16 : f + 20] != b"null":
+            return None
+        completion = None
+        if b'"usage":{' in payload:
+            if not self._keep_usage:
+                return None  # usage to strip: the JSON path re-serialises the chunk
+            counts = sse.usage_counts(payload)
+            if counts is None:
+                return None
+            completion, prompt = counts
             if prompt is not None:
                 self._prompt_tokens = prompt
-            new_tokens = self._count(text, completion)
-            forwarded = payload if self._client_streams else None
-            return OutputEvent(text, new_tokens, self._prompt_tokens, self._output_tokens, wire_chunk=forwarded)
+        text = ""
+        if self._client_streams:
+            # sse.string_start, inlined: this runs once per forwarded chunk.
+            j = payload.find(self._text_key)
+            if j < 0:
+                nonempty = False
+            else:
+                j += len(self._text_key)
+                head = payload[j : j + 3]
+                if head[:2] == b':"':
+                    nonempty = head != b':""'
+                elif head[:2] == b":n":
+                    nonempty = False  # null
+                else:
+                    return None
+        else:
+            value = sse.string_value(payload, self._text_key)
+            if not (value is None or isinstance(value, str)):
+                return None
+            text = value or ""
+            nonempty = bool(text)
+        if not nonempty and self._chat:
+            # Reasoning models stream their thinking in another field (vLLM: reasoning_content, later
+            # reasoning): tokens all the same, though not part of the assembled message.
+            for key in (b'"reasoning_content"', b'"reasoning"'):
+                mark = sse.string_start(payload, key)
+                if mark is sse.NOT_COMPACT:
+                    return None
+                if mark is sse.NON_EMPTY:
+                    nonempty = True
+                    break
+        if completion is None and not text:
+            if nonempty:
+                self._output_tokens += 1
+                self._tokens += 1
+        else:
+            self._add(text, nonempty, completion)
+        return True
+
+    def _slow(self, payload: bytes) -> bool | bytes:
+        """The JSON path: True to forward the frame as it came, False to drop it, bytes to forward instead."""
         try:
             chunk = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise upstream_error(self._upstream, f"upstream sent invalid JSON in the stream: {err}") from err
         if not isinstance(chunk, dict):
-            return None
+            return False
         if "error" in chunk and "choices" not in chunk:
             detail = chunk["error"]
             message = detail.get("message") if isinstance(detail, dict) else str(detail)
             raise upstream_error(self._upstream, f"upstream error mid-stream: {message}")
         usage = chunk.get("usage")
-        new_tokens_from_usage: int | None = None
+        completion: int | None = None
         if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            prompt, used = usage.get("prompt_tokens"), usage.get("completion_tokens")
             if isinstance(prompt, int):
                 self._prompt_tokens = prompt
-            if isinstance(completion, int):
-                new_tokens_from_usage = max(0, completion - self._output_tokens)
+            if isinstance(used, int):
+                completion = used
         choices = chunk.get("choices") or []
         choice = choices[0] if choices and isinstance(choices[0], dict) else None
         if choice is None:
-            # The usage-only chunk after the finishing one.
-            if new_tokens_from_usage:
-                self._output_tokens += new_tokens_from_usage
-            usage_wire = payload if (self._keep_final_usage and self._client_streams) else None
-            if usage_wire is None and not self._finished:
-                return None
-            return OutputEvent("", 0, self._prompt_tokens, self._output_tokens, wire_chunk=usage_wire)
-        if self._endpoint == "chat":
+            # The usage-only chunk after the finishing one: exact totals; forwarded only if asked for.
+            if completion is not None:
+                self._output_tokens = max(self._output_tokens, completion)
+            return self._keep_final_usage
+        if self._chat:
             delta = choice.get("delta") or {}
             text = delta.get("content") or ""
-            role = delta.get("role")
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         else:
             text = choice.get("text") or ""
-            role = None
-        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        new_tokens = self._count(text, completion if isinstance(completion, int) else None)
+            reasoning = None
+        text = text if isinstance(text, str) else ""
+        self._add(text, bool(text or reasoning), completion)
         reason = choice.get("finish_reason")
-        finish = _FINISH.get(reason, FinishReason.STOP) if reason else None
-        if finish is not None:
-            self._finished = True
-            self.timing.finished = asyncio.get_running_loop().time()
-        wire: bytes | None = None
-        if self._client_streams:
-            if isinstance(usage, dict) and not self._keep_usage:
-                chunk.pop("usage", None)
-                wire = json.dumps(chunk, separators=(",", ":")).encode()
-            else:
-                wire = payload
-        stop_reason = choice.get("stop_reason")
-        return OutputEvent(
-            text=text,
-            new_tokens=new_tokens,
-            prompt_tokens=self._prompt_tokens,
-            output_tokens=self._output_tokens,
-            finish_reason=finish,
-            stop_reason=stop_reason if isinstance(stop_reason, str) else None,
-            wire_chunk=wire,
-            role=role if isinstance(role, str) and not text else None,
-        )
-
-    def _fast_fields(self, payload: bytes) -> tuple[str, int | None, int | None] | None:
-        """(text, completion_tokens, prompt_tokens) of a plain content chunk, read without json.loads; None
-        for every other chunk (role, finish, usage to strip, errors, anything not compact), which the JSON
-        path handles. Most chunks of a stream are plain content chunks, forwarded as they are."""
-        if payload[:1] != b"{" or payload[-1:] != b"}" or b'"error"' in payload or b'"choices":[{' not in payload:
-            return None
-        for key in (b'"finish_reason"', b'"stop_reason"', b'"role"'):
-            if not sse.is_null_or_absent(payload, key):
-                return None
-        no_usage = sse.is_null_or_absent(payload, b'"usage"')
-        completion = prompt = None
-        if no_usage is None:
-            return None
-        if not no_usage:
-            # Usage the client did not ask for is stripped by re-serialising: the JSON path does that.
-            if not self._keep_usage or b'"usage":{' not in payload:
-                return None
-            counts = sse.usage_counts(payload)
-            if counts is None:
-                return None
-            completion, prompt = counts
-        if self._endpoint == "chat" and b'"delta":{' not in payload:
-            return None
-        text = sse.string_value(payload, b'"content"' if self._endpoint == "chat" else b'"text"')
-        if not (text is None or isinstance(text, str)):
-            return None
-        return text or "", completion, prompt
-
-    def _count(self, text: str, completion: int | None) -> int:
-        """Output tokens a content chunk carries: from usage when given, else one per non-empty chunk."""
-        if completion is None:
-            new_tokens = 1 if text else 0
-        else:
-            new_tokens = max(0, completion - self._output_tokens)
-        self._output_tokens += new_tokens
-        if new_tokens and self.timing.first_token is None:
-            self.timing.first_token = asyncio.get_running_loop().time()
-        return new_tokens
+        if reason:
+            self._finish = _FINISH.get(reason, FinishReason.STOP)
+            stop_reason = choice.get("stop_reason")
+            self._stop_reason = stop_reason if isinstance(stop_reason, str) else None
+        if isinstance(usage, dict) and not self._keep_usage:
+            chunk.pop("usage", None)  # usage the client did not ask for (an upstream that sends it anyway)
+            return json.dumps(chunk, separators=(",", ":")).encode()
+        return True
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._table is not None:
+            self._table.pop(self.request_id, None)
         self.timing.lora_blocked_seconds += self._windows.blocked(self._marks)  # before finish_ok reads it
         # Closing (not releasing) the connection tells the upstream to abort the request, as a client
         # disconnect would; vLLM frees the slot and KV blocks on that.
@@ -263,8 +408,135 @@ class _ProxyStream(RequestStream):
             self._response.release()
 
 
+def _data_of(frame: bytes) -> bytes | None:
+    """The data of one SSE event with several lines: its ``data:`` lines joined (SSE: one optional space after
+    the colon), None when it has none."""
+    parts = [line[5:].removeprefix(b" ") for line in frame.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(parts) if parts else None
+
+
+FAILURE_REASONS = ("connect", "connection_closed", "timeout", "invalid_response", "stream_broken", "bad_stream")
+"""Why the proxy failed a request itself (``loadlens_proxy_upstream_failures_total{reason}``, docs/metrics.md):
+
+- ``connect``: no connection could be opened (refused, DNS, connect timeout): 503, the upstream is unreachable;
+- ``connection_closed``: the upstream closed or reset the connection before answering, on a fresh connection
+  (it may have received the request) or after the retries: 502;
+- ``timeout``: no response within the read timeout: 504;
+- ``invalid_response``: a response that is not HTTP: 502;
+- ``stream_broken``: an accepted stream broke, stalled past the read timeout or was cut short: 502 as an SSE
+  error event;
+- ``bad_stream``: an accepted stream carried invalid JSON or an error event: 502 as an SSE error event.
+"""
+
+RETRY_REASONS = ("stale_connection", "connect")
+"""Why a request was sent again (``loadlens_proxy_upstream_retries_total{reason}``); only requests that
+provably never reached the upstream (:func:`retry_reason`)."""
+
+CONNECT_RETRIES = 2
+KEEPALIVE_S = 4.0
+"""Idle pooled connections are closed after this, below the upstream's own keep-alive timeout (uvicorn's and
+so vLLM's default is 5 s): the proxy, not the upstream, closes idle connections, which keeps the race of a
+request sent on a connection the upstream is closing rare; :func:`retry_reason` covers the rest."""
+
+
+def retry_reason(err: BaseException, reused: bool) -> str | None:
+    """The reason to send a failed request again, or None when it may have reached the upstream.
+
+    Provably unsent, from aiohttp's client (``ClientSession._request``, ``ClientRequest.write_bytes``,
+    ``ResponseHandler.connection_lost``):
+
+    - ``connect``: ``ClientConnectorError`` / ``ConnectionTimeoutError`` are raised by
+      ``connector.connect()``, before ``req.send()`` wrote a byte.
+    - ``stale_connection``: a *reused* keep-alive connection was closed (``ServerDisconnectedError`` without a
+      partial response) or reset (``ClientOSError`` with ``EPIPE``/``ECONNRESET``, among them "Can not write
+      request body") before any response byte. An HTTP/1.1 server closes a persistent connection without
+      answering only when it is idle: it closed it before our request reached it (RFC 9112 section 9.3.1; the
+      race its keep-alive timer loses). A fresh connection closed the same way may have delivered the request
+      to a server that then failed: not retried.
+
+    Every exception :meth:`OpenAIProxyEngine._send` sees comes from ``session.post``, i.e. before the status
+    line was parsed; nothing after response start is ever retried. (The one case this cannot tell apart: a
+    server that read the request on a reused connection and then died without a byte of answer; it is
+    retried, as browsers and HTTP client libraries retry it.)
+    """
+    if isinstance(err, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+        return "connect"
+    if not reused:
+        return None
+    if isinstance(err, aiohttp.ServerDisconnectedError):
+        return "stale_connection" if isinstance(err.message, str) else None  # else: a partial response
+    if isinstance(err, aiohttp.ClientOSError) and (
+        err.errno in (errno.EPIPE, errno.ECONNRESET)
+        or isinstance(err.__cause__, (ConnectionResetError, BrokenPipeError))
+    ):
+        return "stale_connection"  # "Can not write request body" carries the reset as its cause, errno None
+    return None
+
+
+def failure_reason(err: BaseException) -> str:
+    """The ``FAILURE_REASONS`` entry for an exception from ``session.post`` (no response yet)."""
+    if isinstance(err, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+        return "connect"
+    if isinstance(err, TimeoutError):  # aiohttp's ServerTimeoutError (sock_read) is one
+        return "timeout"
+    if isinstance(err, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, OSError)):
+        return "connection_closed"
+    return "invalid_response"
+
+
+def _send_failure(upstream: str, reason: str, err: BaseException) -> EngineError:
+    if reason == "connect":
+        return upstream_error(upstream, err)
+    status = 504 if reason == "timeout" else 502
+    what = {"timeout": "did not answer in time", "invalid_response": "sent an invalid response"}.get(
+        reason, "closed the connection without answering"
+    )
+    return EngineError(ErrorKind.UPSTREAM, f"upstream {upstream} {what}: {err or type(err).__name__}", status=status)
+
+
+class ProxyMetrics:
+    """The proxy's own series: failures it answers for and the retries it made (docs/metrics.md)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.failures = Counter(
+            "loadlens_proxy_upstream_failures",
+            "Requests the proxy failed itself because the upstream could not be used, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "loadlens_proxy_upstream_retries",
+            "Requests sent again because the first try provably never reached the upstream, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self._failures = {reason: self.failures.labels(reason) for reason in FAILURE_REASONS}
+        self._retries = {reason: self.retries.labels(reason) for reason in RETRY_REASONS}
+
+    def failure(self, reason: str) -> None:
+        self._failures[reason].inc()
+
+    def retry(self, reason: str) -> None:
+        self._retries[reason].inc()
+
+
+class _Attempt:
+    """Per-try trace context: whether aiohttp handed this try a pooled (reused) connection."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _on_reuse(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> None:
+    if isinstance(ctx.trace_request_ctx, _Attempt):
+        ctx.trace_request_ctx.reused = True
+
+
 class OpenAIProxyEngine(Engine):
-    """Forwards to ``upstream`` (e.g. ``http://127.0.0.1:8001``). One pooled keep-alive session."""
+    """Forwards to ``upstream`` (e.g. ``http://127.0.0.1:8001``) over one bounded pool of keep-alive
+    connections (``max_connections``; 0 = unbounded). Requests beyond the pool wait for a free connection."""
 
     name = "openai"
 
@@ -275,26 +547,50 @@ class OpenAIProxyEngine(Engine):
         api_key: str | None = None,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 600.0,
-        max_connections: int = 0,
+        max_connections: int = 1024,
         swap_windows: SwapWindows | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise ValueError(f"upstream must be an http(s) URL, got {upstream!r}")
+        if max_connections < 0:
+            raise ValueError(f"max_connections must be >= 0, got {max_connections}")
         self.upstream = upstream.rstrip("/")
         if self.upstream.endswith("/v1"):
             self.upstream = self.upstream[:-3]
         self._api_key = api_key
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
-        self._max_connections = max_connections
+        # The wait for a pooled connection is not bounded (the upstream's own queue would hold the request
+        # otherwise); opening one is (sock_connect), and so is each wait for upstream bytes (sock_read).
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        )
+        self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
         self._streams: dict[str, _ProxyStream] = {}
         self._cards: list[ModelCard] = []
         self.swap_windows = swap_windows if swap_windows is not None else SwapWindows()  # load/unload calls, timed
+        self.metrics = ProxyMetrics(registry if registry is not None else CollectorRegistry())
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._max_connections, ttl_dns_cache=300, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(
+            limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_S
+        )
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_reuseconn.append(_on_reuse)
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False, read_bufsize=2**16
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            read_bufsize=2**16,
+            trace_configs=[tracing],
+        )
+        # Retries after a stale pooled connection: each on a new connection, closed after its response.
+        self._fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.max_connections, force_close=True),
+            timeout=self._timeout,
+            auto_decompress=False,
+            read_bufsize=2**16,
         )
         with contextlib.suppress(EngineError):
             self._cards = await self._fetch_models()
@@ -302,9 +598,10 @@ class OpenAIProxyEngine(Engine):
     async def stop(self) -> None:
         for stream in list(self._streams.values()):
             await stream.aclose()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"content-type": "application/json"}
@@ -319,8 +616,34 @@ class OpenAIProxyEngine(Engine):
             raise EngineError(ErrorKind.UNAVAILABLE, "proxy engine is not started")
         return self._session
 
-    async def generate(self, request: GenerationRequest) -> RequestStream:
+    async def _send(self, path: str, body: bytes, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+        """POST and wait for the response head. A try that provably never reached the upstream
+        (:func:`retry_reason`) is sent again: after a stale pooled connection, once, on a fresh connection
+        (``_fresh``: the pool may hold more connections the upstream is closing); after a failed connect, up to
+        ``CONNECT_RETRIES`` times. Failures raise EngineError, counted by reason."""
         session = self._require_session()
+        url = self.upstream + path
+        connect_retries = 0
+        while True:
+            ctx = _Attempt()
+            try:
+                return await session.post(url, data=body, headers=headers, trace_request_ctx=ctx)
+            except _UNREACHABLE as err:
+                retry = retry_reason(err, ctx.reused)
+                if retry == "connect" and connect_retries < CONNECT_RETRIES:
+                    connect_retries += 1
+                    self.metrics.retry(retry)
+                    await asyncio.sleep(0.05 * connect_retries)  # a listen backlog that overflowed drains
+                    continue
+                if retry == "stale_connection" and self._fresh is not None:
+                    self.metrics.retry(retry)
+                    session = self._fresh
+                    continue
+                reason = failure_reason(err)
+                self.metrics.failure(reason)
+                raise _send_failure(self.upstream, reason, err) from err
+
+    async def generate(self, request: GenerationRequest) -> RequestStream:
         body = dict(request.body)
         body["stream"] = True
         options = dict(body.get("stream_options") or {})
@@ -330,14 +653,9 @@ class OpenAIProxyEngine(Engine):
         # vLLM without speculative decoding) and the final usage corrects the total.
         options["include_usage"] = True
         body["stream_options"] = options
-        try:
-            response = await session.post(
-                self.upstream + _PATHS[request.endpoint],
-                data=json.dumps(body).encode(),
-                headers=self._headers(request.trace_headers),
-            )
-        except _UNREACHABLE as err:
-            raise upstream_error(self.upstream, err) from err
+        response = await self._send(
+            _PATHS[request.endpoint], json.dumps(body).encode(), self._headers(request.trace_headers)
+        )
         if response.status != 200:
             try:
                 raw = await response.read()
@@ -347,10 +665,10 @@ class OpenAIProxyEngine(Engine):
             raise upstream_error(
                 self.upstream, response.status, raw=raw, retry_after=response.headers.get("retry-after")
             )
-        stream = _ProxyStream(response, request, self.upstream, self.swap_windows)
+        stream = _ProxyStream(response, request, self.upstream, self.swap_windows, self.metrics.failure, self._streams)
         self._streams[request.request_id] = stream
-        stream.timing.queued = asyncio.get_running_loop().time()
-        return _Tracked(stream, self._streams)
+        stream.timing.queued = time.monotonic()
+        return stream
 
     async def abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
@@ -389,16 +707,15 @@ class OpenAIProxyEngine(Engine):
         return list(self._cards)
 
     async def _post_admin(self, path: str, body: Mapping[str, Any]) -> None:
-        session = self._require_session()
+        response = await self._send(path, json.dumps(body).encode(), self._headers())
         try:
-            async with session.post(
-                self.upstream + path, data=json.dumps(body).encode(), headers=self._headers()
-            ) as response:
-                raw = await response.read()
-                if response.status != 200:
-                    raise upstream_error(self.upstream, response.status, raw=raw)
+            raw = await response.read()
         except _UNREACHABLE as err:
             raise upstream_error(self.upstream, err) from err
+        finally:
+            response.release()
+        if response.status != 200:
+            raise upstream_error(self.upstream, response.status, raw=raw)
 
     async def load_adapter(self, lora: LoRARequest) -> None:
         body = {"lora_name": lora.lora_name, "lora_path": lora.lora_path}
@@ -430,24 +747,3 @@ class OpenAIProxyEngine(Engine):
                 return Health(False, f"upstream /health returned {response.status}")
         except _UNREACHABLE as err:
             return Health(False, f"upstream unreachable: {err}")
-
-
-class _Tracked(RequestStream):
-    """Removes the stream from the engine's table when it ends, however it ends."""
-
-    def __init__(self, inner: _ProxyStream, table: dict[str, _ProxyStream]) -> None:
-        self._inner = inner
-        self._table = table
-        self.request_id = inner.request_id
-        self.timing = inner.timing
-
-    async def __anext__(self) -> OutputEvent:
-        try:
-            return await self._inner.__anext__()
-        except BaseException:
-            self._table.pop(self.request_id, None)
-            raise
-
-    async def aclose(self) -> None:
-        self._table.pop(self.request_id, None)
-        await self._inner.aclose()
