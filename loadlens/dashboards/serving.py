@@ -22,6 +22,25 @@ from loadlens.dashboards.common import (
 )
 from loadlens.dashboards.model import Dashboard, Panel, Row, Target, Threshold, increase, mean, quantile, rate
 
+# Adapter lists longer than this count as this many (PromQL has no string functions, so the count is a ladder).
+LORA_COUNT_CAP = 8
+
+
+def lora_adapter_count(label: str, selector: str, cap: int = LORA_COUNT_CAP) -> str:
+    """How many adapters ``label`` of ``vllm:lora_requests_info`` names (comma-joined), summed over instances.
+
+    vLLM keeps every label set it ever exported (the value is the update time), so only each instance's latest
+    set counts. Each rung matches lists of exactly n names (the last, ``cap`` or more) and yields n; ``""`` is 0.
+    """
+    info = f"vllm:lora_requests_info{{{selector}"
+    latest = f"on (instance) group_left () max by (instance) ({info}}})"
+    rungs = [f'({info}, {label}=""}} == {latest}) * 0']
+    for n in range(1, cap + 1):
+        more = f"{{{n - 1},}}" if n == cap else f"{{{n - 1}}}"
+        pattern = "[^,]+" if n == 1 else f"[^,]+(,[^,]+){more}"
+        rungs.append(f'({info}, {label}=~"{pattern}"}} == {latest}) * 0 + {n}')
+    return "sum(" + " or ".join(rungs) + ")"
+
 
 def dashboard(slos: SLOConfig) -> Dashboard:
     sched = Row(
@@ -135,21 +154,20 @@ def dashboard(slos: SLOConfig) -> Dashboard:
         "LoRA adapters",
         (
             Panel(
-                "Adapters loaded",
+                "LoRA adapters in use",
                 "short",
                 (
-                    Target(
-                        "count by (running_lora_adapters, waiting_lora_adapters, max_lora)"
-                        f" (vllm:lora_requests_info{{{SERVE_ANY}}})",
-                        "running: {{running_lora_adapters}} waiting: {{waiting_lora_adapters}} (max {{max_lora}})",
-                    ),
+                    Target(lora_adapter_count("running_lora_adapters", SERVE_ANY), "adapters running"),
+                    Target(lora_adapter_count("waiting_lora_adapters", SERVE_ANY), "adapters waiting"),
                     Target(
                         "sum by (operation, outcome)"
                         f" ({increase('loadlens_lora_adapter_operations_total', SERVE_ANY)})",
                         "{{operation}} {{outcome}}",
                     ),
                 ),
-                "Adapters the engine runs and waits for (in the legend), and runtime load/unload calls per interval.",
+                "Adapters the batch's requests use and adapters requests wait for (counted from the comma-joined "
+                f"names in vllm:lora_requests_info, its latest label set per instance; {LORA_COUNT_CAP} means "
+                f"{LORA_COUNT_CAP} or more), and runtime load/unload calls per interval.",
                 min=0,
             ),
             Panel(
