@@ -100,6 +100,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     env_arg(p, "--log-format", choices=["logfmt", "json"], default="logfmt", help="request log line format")
     env_arg(p, "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="log level")
     p.add_argument("--list-profiles", action="store_true", help="print the packaged sim profiles and exit")
+    p.add_argument(
+        "--write-tokenizer",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write a Hugging Face tokenizer (tokenizer.json + configs) for --model-profile that counts tokens "
+        "as the sim does, loadable offline by transformers/tokenizers (guidellm --processor DIR), and exit",
+    )
     p.set_defaults(handler=run)
 
 
@@ -164,6 +172,23 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
         raise UsageError(str(err)) from err
 
 
+def _write_tokenizer(args: argparse.Namespace) -> int:
+    from exporters.serving.engines.sim import ProfileError, load_model_profile
+    from exporters.serving.engines.sim.hf_tokenizer import write_tokenizer
+
+    try:
+        profile = load_model_profile(args.model_profile)
+    except ProfileError as err:
+        raise UsageError(str(err)) from err
+    try:
+        paths = write_tokenizer(args.write_tokenizer, profile, args.served_model_name)
+    except OSError as err:
+        raise UsageError(f"--write-tokenizer {args.write_tokenizer}: {err.strerror or err}") from err
+    for path in paths:
+        print(path)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import CollectorRegistry
@@ -178,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
         for kind, names in list_profiles().items():
             print(f"{kind}: {', '.join(names)}")
         return 0
+    if args.write_tokenizer is not None:
+        return _write_tokenizer(args)
     if args.lora_root is not None and not args.lora_root.is_dir():
         raise UsageError(f"--lora-root {args.lora_root} is not a directory")
     if args.jitter < 0:

@@ -32,7 +32,14 @@ PIECE_CHARS = 4
 """Characters per token for long pieces (BPE merges about four characters of English)."""
 VOCAB_WORDS = 4096
 WORD_BITS = 12
-PIECE_PATTERN = r" ?[^\W\d_]+| ?\d{1,3}| ?[^\w\s]+|\s+|_+"
+PIECE_CLASSES = {"letter": r"[^\W\d_]", "digit": r"\d", "punct": r"[^\w\s]", "space": r"\s"}
+"""The character classes of the pieces (Python ``re`` semantics). The Hugging Face ``tokenizer.json``
+(:mod:`exporters.serving.engines.sim.hf_tokenizer`) spells out the same classes as explicit code point
+ranges enumerated from these, so both split text identically."""
+PIECE_TEMPLATE = " ?{letter}+| ?{digit}{{1,3}}| ?{punct}+|{space}+|_+"
+"""The piece pattern over :data:`PIECE_CLASSES`: a letter run with its leading space, up to three digits, a
+punctuation run, a whitespace run, an underscore run."""
+PIECE_PATTERN = PIECE_TEMPLATE.format(**PIECE_CLASSES)
 """How text splits into pieces before each piece is cut into :data:`PIECE_CHARS`-character tokens."""
 _PIECE = re.compile(PIECE_PATTERN)
 _CONSONANTS = "bdfghklmnprstvz"
