@@ -199,8 +199,11 @@ def _alerting(section: Any) -> dict[str, Any]:
                 )
             out[key] = {**DEFAULT_SELECTORS, **value}
         elif key == "runbook_base_url":
-            if not isinstance(value, str) or not value.strip() or "#" in value:
-                raise SLOConfigError("alerting.runbook_base_url: must be a URL or path without a #fragment")
+            if not isinstance(value, str) or not value.startswith(("http://", "https://")) or "#" in value:
+                raise SLOConfigError(
+                    f"alerting.runbook_base_url: must be an absolute http(s) URL without a #fragment (a link a "
+                    f"browser or pager can open), got {value!r}"
+                )
             out[key] = value
         else:
             raise SLOConfigError(f"alerting.{key}: unknown key")

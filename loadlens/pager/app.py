@@ -4,8 +4,10 @@
   not version 4 → 400 with an OpenAI-style error body (the same shape as the serving layer's).
 - Every accepted notification is appended to a JSONL log as one line, under a lock and with one ``write``
   per line, so concurrent posts never interleave or lose lines.
-- Each alert is printed on stdout as it arrives (``PAGE firing critical LoadlensTTFTHigh ...``).
+- Each alert is printed on stdout as it arrives, named by the receiver Alertmanager routed it to:
+  ``PAGE firing critical LoadlensTTFTHigh ...`` (receiver ``pager``), ``TICKET firing warning ...`` (``ticket``).
 - ``GET /pages``: the notifications received so far (for the demo and tests); ``/metrics``, ``/health``.
+- ``GET /runbooks`` (HTML, one anchor per alert) and ``/runbooks.md``: what ``runbook_url`` links open.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from typing import Any, TextIO
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from loadlens.pager.payload import WebhookPayload
+from loadlens.pager.runbooks import render_html, runbooks_markdown
 from loadlens.util.exposition import render as render_exposition
 from loadlens.util.openai_errors import error_response
 
+RECEIVER_KIND = {"pager": "PAGE", "ticket": "TICKET"}  # the receivers loadlens.alerting.alertmanager routes to
 MAX_KEPT = 10_000
 """Notifications kept in memory for GET /pages; the JSONL log keeps everything."""
 
@@ -77,13 +81,15 @@ class PagerState:
                 del self.received[: len(self.received) - MAX_KEPT]
         self.notifications.labels(payload.receiver, payload.status).inc()
         self.last.set(received_at)
+        # What the line is, by the receiver Alertmanager routed it to (a warning goes to "ticket", not a page).
+        kind = RECEIVER_KIND.get(payload.receiver, f"NOTIFY[{payload.receiver}]")
         for alert in payload.alerts:
             name = alert.labels.get("alertname", "unknown")
             severity = alert.labels.get("severity", "none")
             self.alerts.labels(name, severity, alert.status).inc()
             where = " ".join(f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in ("alertname", "severity"))
             summary = alert.annotations.get("summary", "")
-            print(f"PAGE {alert.status} {severity} {name} {where} :: {summary}", file=self.out, flush=True)
+            print(f"{kind} {alert.status} {severity} {name} {where} :: {summary}", file=self.out, flush=True)
 
 
 def create_pager_app(log_path: Path, registry: CollectorRegistry | None = None, out: TextIO | None = None) -> FastAPI:
@@ -118,6 +124,20 @@ def create_pager_app(log_path: Path, registry: CollectorRegistry | None = None, 
     @app.get("/pages")
     async def pages() -> Response:
         return JSONResponse({"notifications": state.received})
+
+    @app.get("/runbooks")
+    async def runbooks() -> Response:
+        text = runbooks_markdown()
+        if text is None:
+            return error_response(404, "runbooks are not installed with this copy of loadlens")
+        return HTMLResponse(render_html(text))
+
+    @app.get("/runbooks.md")
+    async def runbooks_source() -> Response:
+        text = runbooks_markdown()
+        if text is None:
+            return error_response(404, "runbooks are not installed with this copy of loadlens")
+        return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
 
     @app.get("/health")
     async def health() -> Response:

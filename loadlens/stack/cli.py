@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         print("loadlens stack: up")
         for s in services:
             print(f"  {s.name:<13} {s.url:<28} pid {s.pid:<7} log {stack.run_dir / s.log}")
-        print(f"  Prometheus UI: http://127.0.0.1:{options.prometheus_port}/classic/graph")
+        for what, url in stack.ui_links():
+            print(f"  {what + ':':<18} {url}")
         return 0
     if args.action == "down":
         stopped = stack.down()

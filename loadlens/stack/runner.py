@@ -10,6 +10,7 @@ and records PIDs (with their start times, so a reused PID is never killed) in ``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -133,6 +134,8 @@ class Stack:
             Service("alertmanager", [alertmanager, f"--config.file={d / 'alertmanager.yml'}",
                                      f"--storage.path={d / 'alertmanager-data'}",
                                      f"--web.listen-address=127.0.0.1:{o.alertmanager_port}",
+                                     # links in notifications and the UI: what a browser here can open
+                                     f"--web.external-url={base}:{o.alertmanager_port}",
                                      "--cluster.listen-address="],
                     o.alertmanager_port, f"{base}:{o.alertmanager_port}/-/ready", f"{base}:{o.alertmanager_port}"),
             Service("serve", serve, o.serve_port, f"{base}:{o.serve_port}/health", f"{base}:{o.serve_port}"),
@@ -146,6 +149,8 @@ class Stack:
             Service("prometheus", [prometheus, f"--config.file={d / 'prometheus.yml'}",
                                    f"--storage.tsdb.path={d / 'prometheus-data'}",
                                    f"--web.listen-address=127.0.0.1:{o.prometheus_port}",
+                                   # alerts' generatorURL (the "source" link in Alertmanager and pages)
+                                   f"--web.external-url={base}:{o.prometheus_port}",
                                    "--enable-feature=exemplar-storage", "--web.enable-lifecycle",
                                    # resend quickly: the first notification is dropped before discovery
                                    "--rules.alert.resend-delay=1s"],
@@ -156,6 +161,10 @@ class Stack:
         o, d = self.o, self.run_dir
         d.mkdir(parents=True, exist_ok=True)
         slos = load_slos(o.slo_file)
+        if slos.alerting.get("runbook_base_url") == load_slos().alerting.get("runbook_base_url"):
+            # The packaged default names the pager's default port; point it at this stack's pager.
+            alerting = {**slos.alerting, "runbook_base_url": f"http://127.0.0.1:{o.pager_port}/runbooks"}
+            slos = dataclasses.replace(slos, alerting=alerting)
         recording, alerts = build_groups(slos)
         (d / "rules").mkdir(exist_ok=True)
         (d / PROBE_DIR).mkdir(exist_ok=True)
@@ -285,6 +294,22 @@ class Stack:
         if state.exists():
             state.unlink()
         return stopped
+
+    def ui_links(self) -> list[tuple[str, str]]:
+        """(what, URL) of the pages worth opening, with the paths this Prometheus serves: Debian's build has
+        only the classic UI (``/classic/graph``; ``/graph`` and ``/alerts`` answer 404), upstream's both."""
+        urls = {s.name: s.url for s in self._load()}
+        links: list[tuple[str, str]] = []
+        prom = urls.get("prometheus")
+        if prom is not None:
+            classic = not http_ok(prom + "/alerts") and http_ok(prom + "/classic/alerts")
+            prefix = prom + ("/classic" if classic else "")
+            links += [("Prometheus graph", prefix + "/graph"), ("Prometheus alerts", prefix + "/alerts")]
+        if "alertmanager" in urls:
+            links.append(("Alertmanager", urls["alertmanager"] + "/#/alerts"))
+        if "pager" in urls:
+            links += [("Runbooks", urls["pager"] + "/runbooks"), ("Pages received", urls["pager"] + "/pages")]
+        return links
 
     def status(self) -> list[tuple[Service, bool, bool]]:
         """(service, process alive, ready URL answers) for each recorded service."""

@@ -56,6 +56,12 @@ _DELETE = object()
         (["classes", 1, "priority_min"], 5, "gap between priority ranges"),
         (["classes", 0, "name"], "has space", "must be an identifier-like string"),
         (["lora_swap", "delay_seconds"], True, "lora_swap.delay_seconds: must be a number"),
+        (
+            ["alerting", "runbook_base_url"],
+            "docs/runbooks.md",
+            "alerting.runbook_base_url: must be an absolute http(s) URL without a #fragment (a link a browser or "
+            "pager can open), got 'docs/runbooks.md'",
+        ),
     ],
 )
 def test_invalid_configs_name_the_field(path: list[Any], value: Any, message: str) -> None:

@@ -29,6 +29,7 @@ def test_base_install_runs_the_gpu_exporter_only(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert [n for n in names if n.startswith("loadlens/codegen")] == []
     assert "loadlens/contracts/slos.yaml" in names
+    assert "loadlens/pager/runbooks.md" in names  # docs/runbooks.md, which the pager serves at /runbooks
 
     venv.create(tmp_path / "v", with_pip=True)
     py = tmp_path / "v" / "bin" / "python"

@@ -15,11 +15,13 @@ from loadlens.pager.app import create_pager_app
 from tests.support.server import serve_app
 
 
-def payload(name: str = "LoadlensTTFTHigh", status: str = "firing", n: int = 1) -> dict[str, Any]:
+def payload(
+    name: str = "LoadlensTTFTHigh", status: str = "firing", n: int = 1, severity: str = "critical"
+) -> dict[str, Any]:
     alerts = [
         {
             "status": status,
-            "labels": {"alertname": name, "severity": "critical", "model_name": "m", "i": str(i)},
+            "labels": {"alertname": name, "severity": severity, "model_name": "m", "i": str(i)},
             "annotations": {"summary": "TTFT p99 is over its SLO."},
             "startsAt": "2026-11-29T22:00:00Z",
             "endsAt": "0001-01-01T00:00:00Z",
@@ -112,3 +114,32 @@ def test_metrics_negotiates_text_or_openmetrics(tmp_path: Path) -> None:
     assert om.headers["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
     assert "loadlens_pager_invalid_payloads_total 1.0" in om.text.splitlines()
     assert om.text.endswith("# EOF\n")
+
+
+def test_a_ticket_is_printed_as_a_ticket(tmp_path: Path) -> None:
+    out = io.StringIO()
+    doc = payload(n=1, severity="warning")
+    doc["receiver"] = "ticket"
+    with serve_app(create_pager_app(tmp_path / "p.jsonl", CollectorRegistry(), out)) as url:
+        assert httpx.post(url + "/alerts", json=doc).status_code == 200
+    assert out.getvalue().splitlines() == [
+        "TICKET firing warning LoadlensTTFTHigh i=0 model_name=m :: TTFT p99 is over its SLO."
+    ]
+
+
+def test_runbooks_page_has_an_anchor_per_alert(tmp_path: Path) -> None:
+    from loadlens.alerting.rules import build_groups
+    from loadlens.contracts.slo import load_slos
+
+    with serve_app(create_pager_app(tmp_path / "p.jsonl", CollectorRegistry(), io.StringIO())) as url:
+        page = httpx.get(url + "/runbooks")
+        source = httpx.get(url + "/runbooks.md")
+    assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
+    assert source.status_code == 200 and source.text.startswith("# Runbooks\n")
+    _, alerts = build_groups(load_slos())
+    for group in alerts:
+        for rule in group["rules"]:
+            anchor = rule["alert"].lower()
+            assert f'<h2 id="{anchor}"><a href="#{anchor}">{rule["alert"]}</a></h2>' in page.text
+    assert "<code>histogram_quantile(0.99, sum by (le, priority_class)" in page.text  # inline code rendered
+    assert "<strong>Means.</strong>" in page.text
