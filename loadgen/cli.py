@@ -3,9 +3,14 @@
 Locust runs as a child process (gevent patches the standard library, which must not happen inside the
 ``loadlens`` process); every option reaches it as a command-line flag, the API key through the environment.
 
+After Locust has finished it adds the run's verdict (``loadlens/util/verdict.py``: pass/fail against the SLO
+file, the alerts and pages of the run's window, waiting for pending alerts at most ``--alert-wait`` s) to
+benchmark_result.json and prints it.
+
 Exit status: 0 the run completed and its results are valid; 3 it completed but the results are invalid
-(load-generator CPU above the threshold); 2 a usage error (bad profile, flag, URL); 1 the target could not be
-reached or Locust failed. Request failures are data (in benchmark_result.json), not an exit status.
+(load-generator CPU above the threshold); 2 a usage error (bad profile, flag, URL); 1 the target or
+``--prometheus`` could not be reached, Locust failed, or (with ``--fail-on-slo``) the verdict is FAIL. Request
+failures are data (in benchmark_result.json), not an exit status.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from typing import Any
 from loadgen.options import ENV_PREFIX, add_cli_option, default_run_id, http_url, locust_flag
 from loadgen.probe import TargetUnreachable, first_model
 from loadgen.profile import ProfileError, available_profiles, load_profile, resolve_profile_path
-from loadlens.contracts.results import RESULT_FILE
-from loadlens.contracts.slo import SLOConfigError, load_slos
+from loadgen.results import write_result
+from loadlens.contracts.results import RESULT_FILE, ResultsError, parse_result
+from loadlens.contracts.slo import SLOConfig, SLOConfigError, load_slos
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number
+from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
+from loadlens.util.verdict import DEFAULT_ALERT_WAIT_S, build_verdict, observe, verdict_text
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
@@ -68,6 +76,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="Locust log level",
     )
+    arg(p, "--pager", type=http_url, default=None, help="loadlens pager base URL: count the run's pages (GET /pages)")
+    arg(
+        p,
+        "--alert-wait",
+        type=non_negative_float,
+        default=DEFAULT_ALERT_WAIT_S,
+        help="longest wait after the run for pending alerts and their pages (seconds; needs --prometheus)",
+    )
+    arg(p, "--fail-on-slo", action="store_true", help="exit 1 when the verdict is FAIL (an SLO check failed)")
     arg(p, "--dry-run", action="store_true", help="validate, print the stage plan and the Locust command, exit")
     p.add_argument("--list-profiles", action="store_true", help="print the packaged profiles and exit")
     p.set_defaults(handler=run)
@@ -122,28 +139,49 @@ def build_command(args: argparse.Namespace, profile_path: Path, model: str | Non
     return cmd
 
 
-def summary(doc: dict[str, Any]) -> str:
-    """A short table of the result file, one row per stage and the overall row."""
-    head = (
-        f"{'stage':<20} {'ok':>6} {'fail':>5} {'req/s':>7} {'tok/s':>8} {'TTFT ms':>8} {'p99':>8} "
-        f"{'ITL p50':>8} {'p99':>7} {'goodput':>7}"
-    )
-    rows = [head]
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0 and finite, got {text!r}")
+    return value
 
-    def fmt(x: Any, spec: str) -> str:
-        return format(x, spec) if isinstance(x, int | float) else "-"
 
-    for s in [*doc["stages"], {"name": "overall", **doc["overall"]}]:
-        name = s["name"] + (" (warmup)" if s.get("warmup") else "")
-        rows.append(
-            f"{name:<20} {s['completed']:>6} {s['failed']:>5} {fmt(s['request_throughput'], '7.2f')} "
-            f"{fmt(s['output_throughput'], '8.1f')} {fmt(s['mean_ttft_ms'], '8.1f')} {fmt(s['p99_ttft_ms'], '8.1f')} "
-            f"{fmt(s['median_itl_ms'], '8.2f')} {fmt(s['p99_itl_ms'], '7.2f')} {fmt(s['goodput_ratio'], '7.1%')}"
+def server_warnings(doc: dict[str, Any]) -> list[str]:
+    """One console line per stage whose server-side figures (``--prometheus``) hit errors."""
+    out = []
+    for stage in doc.get("stages", []):
+        errors = (stage.get("server") or {}).get("errors") or []
+        if errors:
+            out.append(f"loadlens load: warning: server-side figures of stage {stage['name']}: {'; '.join(errors)}")
+    return out
+
+
+def add_verdict(path: Path, args: argparse.Namespace, slos: SLOConfig) -> str:
+    """Judge the result at ``path``, write the verdict into it and return its status (pass, fail, unknown)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    result = parse_result(doc, str(path))
+    start, end = result.run.start_timestamp, result.run.end_timestamp
+    observation = None
+    if start is not None and end is not None and (args.prometheus or args.pager):
+        observation = observe(
+            start=start,
+            end=end,
+            prometheus_url=args.prometheus,
+            pager_url=args.pager,
+            wait_limit=args.alert_wait,
+            say=lambda line: print(f"loadlens load: {line}", flush=True),
         )
-    validity = doc["validity"]
-    if not validity["results_valid"]:
-        rows.append("RESULTS INVALID: " + "; ".join(validity["reasons"]))
-    return "\n".join(rows)
+    verdict = build_verdict(result, slos, observation)
+    doc["verdict"] = verdict.model_dump(mode="json")
+    parse_result(doc, str(path))  # the typed model is the schema
+    write_result(path.parent, doc)
+    for line in server_warnings(doc):
+        print(line, file=sys.stderr)
+    print(verdict_text(verdict), flush=True)
+    return verdict.status
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     except ProfileError as err:
         raise UsageError(str(err)) from err
     try:
-        load_slos(args.slo_file)
+        slos = load_slos(args.slo_file or None)
     except SLOConfigError as err:
         raise UsageError(str(err)) from err
     if args.master_host and (args.workers or args.expect_workers):
@@ -179,6 +217,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"loadlens load: error: {err}", file=sys.stderr)
             return 1
         model = model or detected
+        if args.prometheus:
+            try:
+                PrometheusClient(args.prometheus).check(timeout=5.0)
+            except PrometheusUnreachable as err:
+                print(f"loadlens load: error: --prometheus {args.prometheus}: {err}", file=sys.stderr)
+                return 1
     print(_plan(profile), flush=True)
     if not args.master_host:
         where = f"http://{args.metrics_host}:{args.metrics_port}/metrics" if args.metrics_port else "off"
@@ -192,10 +236,16 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         code = 130
     result = Path(args.results) / run_id / RESULT_FILE
-    if result.is_file() and not args.master_host:
+    if result.is_file() and not args.master_host and code == 130:
+        print(f"results (interrupted, not judged): {result}")
+    elif result.is_file() and not args.master_host:
         try:
-            print(summary(json.loads(result.read_text(encoding="utf-8"))))
-        except (ValueError, KeyError) as err:
-            print(f"loadlens load: cannot summarise {result}: {err}", file=sys.stderr)
+            status = add_verdict(result, args, slos)
+        except (ValueError, ResultsError, OSError) as err:
+            print(f"loadlens load: cannot judge {result}: {err}", file=sys.stderr)
+            return code or 1
         print(f"results: {result}")
+        if args.fail_on_slo and status == "fail" and code == 0:
+            print("loadlens load: verdict FAIL (--fail-on-slo): exit 1", file=sys.stderr)
+            return 1
     return code

@@ -11,6 +11,7 @@ Options (``--load-profile``, ``--model``, ``--time-scale``, ...) and measurement
 
 import locust  # noqa: F401, I001 - first, so gevent patches the standard library before anything else
 
+import logging
 import os
 import sys
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from locust import LoadTestShape, User, events, task
 from locust.env import Environment
 from locust.exception import RescheduleTask
+from locust.runners import WorkerRunner
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # plain `locust -f` from anywhere
 
@@ -38,6 +40,15 @@ def _init(environment: Environment, **kwargs: Any) -> None:
     except (ProfileError, SLOConfigError) as err:
         print(f"loadlens: error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+@events.quitting.add_listener  # type: ignore[untyped-decorator]
+def _quiet_locust_tables(environment: Environment, **kwargs: Any) -> None:
+    """Locust prints its request tables right after this event. They are not printed: their *Aggregated* row
+    adds each request's TTFT, TPOT and E2E events (three rows of samples per request, averaged together);
+    the run's own table (loadgen/summary.py) has been printed from the results instead."""
+    if not isinstance(environment.runner, WorkerRunner):
+        logging.getLogger("locust.stats_logger").disabled = True
 
 
 class LLMUser(User):

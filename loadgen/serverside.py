@@ -1,4 +1,5 @@
-"""Server-side figures per stage from Prometheus (``--prometheus URL``): VRAM, GPU utilisation, server TTFT.
+"""Server-side figures per stage from Prometheus (``--prometheus URL``): VRAM, GPU utilisation, server TTFT,
+the hot-swap SLA's counts.
 
 Each figure has an ordered list of PromQL candidates; the first that returns a number wins, and the query
 used is recorded next to the figure, so a renamed series shows up as a null with a reason, never as a
@@ -50,6 +51,11 @@ QUERIES: dict[str, tuple[str, ...]] = {
         "sum(increase(vllm:generation_tokens_total[{range}])) / {seconds}",
     ),
     "server_peak_waiting_requests": ("max(max_over_time(vllm:num_requests_waiting[{range}]))",),
+    # The hot-swap SLA's counts (the verdict's lora_swap check): requests blocked behind adapter swaps, those
+    # blocked longer than lora_swap.delay_seconds, and the requests the SLA divides by.
+    "lora_swap_blocked_requests": ("sum(increase(loadlens_lora_swap_blocking_seconds_count[{range}]))",),
+    "lora_swap_delayed_requests": ("sum(increase(loadlens_lora_swap_delayed_requests_total[{range}]))",),
+    "slo_eligible_requests": ("sum(increase(loadlens_slo_eligible_requests_total[{range}]))",),
 }
 
 

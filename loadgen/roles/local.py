@@ -30,6 +30,7 @@ from loadgen.roles.base import Role
 from loadgen.serverside import figures_for_stages
 from loadgen.stage_clock import StageClock, drain_limit, drain_verdict, spawn_rate
 from loadgen.store import Store
+from loadgen.summary import stage_table
 
 if TYPE_CHECKING:
     from locust.env import Environment
@@ -57,6 +58,7 @@ class LocalRole(Role):
         self.run_id = ""
         self.run_started = 0.0
         self.result_path: Path | None = None
+        self.result_doc: dict[str, Any] = {}
         self.live = LiveState(
             profile=self.profile.name,
             version=__version__,
@@ -270,6 +272,10 @@ class LocalRole(Role):
             log.exception("could not write benchmark_result.json")
             environment.process_exit_code = 1
             return
+        try:
+            print(stage_table(self.result_doc), flush=True)
+        except Exception:  # the table is for reading; the file is written, the exit path must not be lost
+            log.exception("could not print the results table")
         print(f"loadgen: results written to {self.result_path}", flush=True)
         if environment.process_exit_code is None or environment.process_exit_code == 0:
             environment.process_exit_code = 0 if self.cpu_guard.valid else 3
@@ -315,4 +321,5 @@ class LocalRole(Role):
             validity=self.cpu_guard.validity(self.cpu_peak(), self.cpu_mean()),
             server=server,
         )
+        self.result_doc = doc
         return write_result(Path(self.opts.results) / self.run_id, doc)

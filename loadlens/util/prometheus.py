@@ -81,3 +81,10 @@ class PrometheusClient:
         except (KeyError, IndexError, TypeError, ValueError):
             raise QueryError(f"unexpected result shape for {expr!r}: {result!r}") from None
         return value if math.isfinite(value) else None
+
+    def rule_groups(self) -> list[dict[str, Any]]:
+        """``/api/v1/rules?type=alert``: each rule group (``interval``) with its alerting rules, their ``duration``
+        (the ``for:``) and their active alerts (``state`` pending or firing, ``activeAt``, ``labels``)."""
+        data = self._get("rules", {"type": "alert"}, self.timeout)
+        groups: list[dict[str, Any]] = data.get("groups", [])
+        return groups
