@@ -32,6 +32,12 @@ VLLM_REQUEST_LATENCY: tuple[float, ...] = (
 VLLM_ITERATION_TOKENS: tuple[float, ...] = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 """vLLM ``iteration_tokens`` family: tokens scheduled in one engine step."""
 
+VLLM_KV_CACHE_RESIDENCY: tuple[float, ...] = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800,
+)  # fmt: skip
+"""vLLM ``kv_cache_residency`` family (21 bounds, 1 ms to 30 min): KV-block lifetime, idle-before-evict and
+reuse-gap histograms."""
+
 VLLM_REQUEST_PARAMS_N: tuple[float, ...] = (1, 2, 5, 10, 20)
 VLLM_REQUEST_NUM_PREEMPTIONS: tuple[float, ...] = (1, 2, 3, 4, 5, 10, 20)
 

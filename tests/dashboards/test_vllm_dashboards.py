@@ -34,7 +34,6 @@ JOB = "vllm"
 LOAD_SECONDS = 10.0
 
 _SPEC = "no speculative decoding in the sim (no draft model, so vLLM does not export spec_decode_* either)"
-_KV_RESIDENCY = "KV-block residency histograms (vLLM: --kv-cache-metrics) are not modelled"
 _CONNECTOR = "needs a KV connector (--kv-transfer-config); the sim has none, nor does a default vLLM"
 _NIXL = "NIXL transfer series exist only with NixlConnector (P/D disaggregation)"
 _OFFLOAD = "KV offloading series exist only with OffloadingConnector / SimpleCPUOffloadConnector"
@@ -62,18 +61,6 @@ EXPECTED_EMPTY: dict[str, str] = {
     "vllm_instances [22.2] Sleep mode and weight update operations (selected time range) / __auto": _SLEEP_OPS,
     "vllm_kv_cache [13.1] Cache hit rates / external prefix cache": _CONNECTOR,
     "vllm_kv_cache [13.2] Cache hit rates / multimodal cache": _MM,
-    "vllm_kv_cache [14.0] Block lifetime / p50": _KV_RESIDENCY,
-    "vllm_kv_cache [14.1] Block lifetime / p95": _KV_RESIDENCY,
-    "vllm_kv_cache [14.2] Block lifetime / p99": _KV_RESIDENCY,
-    "vllm_kv_cache [14.3] Block lifetime / mean": _KV_RESIDENCY,
-    "vllm_kv_cache [15.0] Idle time before eviction / p50": _KV_RESIDENCY,
-    "vllm_kv_cache [15.1] Idle time before eviction / p95": _KV_RESIDENCY,
-    "vllm_kv_cache [15.2] Idle time before eviction / p99": _KV_RESIDENCY,
-    "vllm_kv_cache [15.3] Idle time before eviction / mean": _KV_RESIDENCY,
-    "vllm_kv_cache [16.0] Block reuse gap / p50": _KV_RESIDENCY,
-    "vllm_kv_cache [16.1] Block reuse gap / p95": _KV_RESIDENCY,
-    "vllm_kv_cache [16.2] Block reuse gap / p99": _KV_RESIDENCY,
-    "vllm_kv_cache [16.3] Block reuse gap / mean": _KV_RESIDENCY,
     "vllm_kv_cache [17.0] External prefix cache hit rate / hit rate": _CONNECTOR,
     "vllm_kv_cache [18.0] Requests waiting on KV loads / {{stage}}": _CONNECTOR,
     "vllm_kv_cache [20.0] Transfer duration / p50": _NIXL,
@@ -172,14 +159,24 @@ def concrete(expr: str, instance: str, window_s: int) -> str:
 
 
 async def _load(url: str) -> None:
-    """Streaming and whole completions with a shared prompt prefix (prefix-cache hits), a few refusals."""
+    """Streaming and whole completions, some refusals. Prompts cycle through: a prefix shared by all (prefix
+    hits that stay cached), one of 23 topics (blocks reused now and then, so some are evicted after several
+    accesses: reuse gaps) and a unique one (fills the cache, forcing evictions)."""
     stop = time.monotonic() + LOAD_SECONDS
     shared = "system prompt " * 24
+
+    def prompt(n: int, i: int) -> str:
+        kind = i % 3
+        if kind == 0:
+            return f"{shared} question {n} {i}"
+        if kind == 1:
+            return f"topic {i % 23} " * 20 + f"question {n} {i}"
+        return f"unique {n} {i} " * 20
 
     async def user(client: httpx.AsyncClient, n: int) -> None:
         i = 0
         while time.monotonic() < stop:
-            body = {"model": MODEL, "prompt": f"{shared} question {n} {i}", "max_tokens": 16, "stream": i % 2 == 0}
+            body = {"model": MODEL, "prompt": prompt(n, i), "max_tokens": 16, "stream": i % 2 == 0}
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 async for _ in r.aiter_bytes():
@@ -198,7 +195,11 @@ def test_vllm_and_production_stack_dashboards_against_the_sim(tmp_path: Path) ->
     queries = dashboard_queries()
     assert len(queries) == 332
     registry = CollectorRegistry()
-    engine = SimEngine(load_model_profile(MODEL), load_gpu_profile("h100-sxm"), registry=registry)
+    # A small KV cache (160 blocks; one 2048-token sequence needs 128) so prefix-cached blocks are evicted
+    # within seconds and the KV-block residency panels have data.
+    engine = SimEngine(
+        load_model_profile(MODEL), load_gpu_profile("h100-sxm"), registry=registry, knobs={"num_gpu_blocks": 160}
+    )
     app = create_app(engine, ServeSettings(), registry=registry, tracing=Tracing.disabled())
     with serve_app(app) as url:
         target = url.removeprefix("http://")

@@ -239,3 +239,50 @@ def test_switching_policy_keeps_waiting_requests() -> None:
     assert [r.request_id for r in s.waiting] == ["b", "c", "a"]
     s.set_policy(Policy.FCFS)
     assert [r.request_id for r in s.waiting] == ["a", "b", "c"]
+
+
+def test_block_pool_reports_the_residency_of_evicted_cached_blocks() -> None:
+    """vLLM's --kv-cache-metrics sample, for every prefix-cached block: at eviction, its lifetime since it
+    entered the cache, its idle time since the last access and the gaps between its (last 4) accesses."""
+    now = [100.0]
+    pool = BlockPool(4, clock=lambda: now[0])
+    evicted: list[tuple[float, float, list[float]]] = []
+    pool.on_evict = lambda life, idle, gaps: evicted.append((life, idle, list(gaps)))
+    r = SchedRequest("r", 64, block_hashes=(1, 2, 3))
+    assert pool.allocate(4)
+    r.blocks_held = 4
+    r.cached_blocks = [b for h in (1, 2, 3) if (b := pool.promote(h)) is not None]  # enter the cache at 100
+    pool.release(r)
+    now[0] = 101.0
+    again = SchedRequest("again", 32, block_hashes=(1, 2))
+    hits = pool.lookup(again.block_hashes, 2)
+    pool.touch(hits)  # blocks 1 and 2 are hit at 101
+    again.cached_blocks, again.blocks_held = hits, 2
+    pool.release(again)
+    now[0] = 106.0
+    assert pool.allocate(4)  # one never-used block, then all three cached ones, least recently freed first
+    assert evicted == [(6.0, 6.0, []), (6.0, 5.0, [1.0]), (6.0, 5.0, [1.0])]
+    assert pool.num_cached == 0
+
+
+def test_block_pool_keeps_the_last_four_accesses() -> None:
+    """Entering the cache at 0, hit at 1, 3, 6, 10 and 15: the gaps reported are those of the last four."""
+    now = [0.0]
+    pool = BlockPool(2, clock=lambda: now[0])
+    evicted: list[list[float]] = []
+    pool.on_evict = lambda life, idle, gaps: evicted.append(list(gaps))
+    r = SchedRequest("r", 16, block_hashes=(7,))
+    assert pool.allocate(1)
+    r.blocks_held = 1
+    r.cached_blocks = [b for b in [pool.promote(7)] if b is not None]
+    pool.release(r)
+    for t in (1.0, 3.0, 6.0, 10.0, 15.0):
+        now[0] = t
+        hits = pool.lookup((7,), 1)
+        pool.touch(hits)
+        user = SchedRequest("u", 16, block_hashes=(7,))
+        user.cached_blocks, user.blocks_held = hits, 1
+        pool.release(user)
+    now[0] = 20.0
+    assert pool.allocate(2)
+    assert evicted == [[3.0, 4.0, 5.0]]  # accesses at 3, 6, 10, 15 kept; 0 and 1 dropped

@@ -16,7 +16,12 @@ from exporters.serving.engines.sim.stats import (
     StepStats,
 )
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
-from loadlens.contracts.buckets import VLLM_INTER_TOKEN_LATENCY, VLLM_REQUEST_LATENCY, VLLM_TIME_TO_FIRST_TOKEN
+from loadlens.contracts.buckets import (
+    VLLM_INTER_TOKEN_LATENCY,
+    VLLM_KV_CACHE_RESIDENCY,
+    VLLM_REQUEST_LATENCY,
+    VLLM_TIME_TO_FIRST_TOKEN,
+)
 
 LAB = {"model_name": "m", "engine": "0"}
 CACHE = {"block_size": "16", "num_gpu_blocks": "100"}
@@ -260,3 +265,15 @@ def test_prompt_sources_and_mfu_estimates() -> None:
     assert value(reg, "vllm:estimated_flops_per_gpu_total", **LAB) == 4e12
     assert value(reg, "vllm:estimated_read_bytes_per_gpu_total", **LAB) == 3e9
     assert value(reg, "vllm:estimated_write_bytes_per_gpu_total", **LAB) == 2e6
+
+
+def test_kv_block_residency_histograms_use_vllms_buckets() -> None:
+    m, reg = make()
+    assert bounds(reg, "vllm:kv_block_lifetime_seconds") == [*(str(float(b)) for b in VLLM_KV_CACHE_RESIDENCY), "+Inf"]
+    assert len(VLLM_KV_CACHE_RESIDENCY) == 21 and VLLM_KV_CACHE_RESIDENCY[-1] == 1800
+    m.record_block_eviction(6.0, 5.0, [1.0, 0.004])
+    assert value(reg, "vllm:kv_block_lifetime_seconds_sum", **LAB) == 6.0
+    assert value(reg, "vllm:kv_block_idle_before_evict_seconds_bucket", **LAB, le="5.0") == 1
+    assert value(reg, "vllm:kv_block_idle_before_evict_seconds_bucket", **LAB, le="2.0") == 0
+    assert value(reg, "vllm:kv_block_reuse_gap_seconds_count", **LAB) == 2
+    assert value(reg, "vllm:kv_block_reuse_gap_seconds_bucket", **LAB, le="0.005") == 1

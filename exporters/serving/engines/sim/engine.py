@@ -10,8 +10,9 @@ scheduled when the loop planned the step that took it, and a token is produced w
 the request's stream, however late the loop woke. So when the sim cannot keep real time, its histograms
 show the latency clients saw, like a real server's. How late the loop woke is
 ``loadlens_sim_timing_error_seconds`` (and ``loadlens_sim_lag_seconds``, ``loadlens_sim_late_steps_total``,
-a warning at most every :data:`LAG_LOG_INTERVAL` seconds); if it falls more than 0.25 s behind, the schedule
-restarts from "now" (``loadlens_sim_schedule_slips_total``) instead of racing through the backlog.
+a warning when more than 50 ms late, at most every :data:`LAG_LOG_INTERVAL` seconds); if it falls more than
+0.25 s behind, the schedule restarts from "now" (``loadlens_sim_schedule_slips_total``) instead of racing
+through the backlog.
 
 Usage::
 
@@ -81,6 +82,9 @@ SLIP_SECONDS = 0.25
 LATE_SECONDS = 0.002
 """A wake-up later than this against its deadline is a late step (the sim's 2 ms p99 timing goal)."""
 
+LAG_LOG_SECONDS = 0.05
+"""A wake-up this late is worth a warning (late steps below it are only counted)."""
+
 LAG_LOG_INTERVAL = 10.0
 """Seconds between two "behind real time" warnings, at most."""
 
@@ -132,6 +136,7 @@ class SimEngine(Engine):
             cache_info=cache_config_info(k, self._state.override),
             max_loras=k.max_loras,
         )
+        self._sched.pool.on_evict = self._metrics.record_block_eviction
         self._device = DeviceModel(model, gpu, seed=seed)
         self._device.configure(k)
         self._words = make_words(seed)
@@ -342,7 +347,7 @@ class SimEngine(Engine):
         if late > LATE_SECONDS:
             self._late_since_log += 1
             self._slips_since_log += slipped
-            if now - self._last_lag_log >= LAG_LOG_INTERVAL:
+            if late > LAG_LOG_SECONDS and now - self._last_lag_log >= LAG_LOG_INTERVAL:
                 log.warning(
                     "sim engine is %.3f s behind real time (%d late steps, %d schedule restarts since the last "
                     "such warning); its latencies are measured as delivered, so they include this lag",

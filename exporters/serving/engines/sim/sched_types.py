@@ -75,6 +75,10 @@ class SchedRequest:
 class Block:
     hash: int
     ref: int = 0
+    born: float = 0.0
+    """``time.monotonic()`` when the block entered the prefix cache (its allocation, for vLLM's residency)."""
+    accesses: list[float] = field(default_factory=list)
+    """The last few access instants (entering the cache, then prefix hits), oldest first."""
 
 
 @dataclass(slots=True)

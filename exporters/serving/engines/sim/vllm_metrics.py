@@ -10,7 +10,9 @@ counted when the request's first token is produced, like vLLM's iteration stats.
 Prompt tokens by source: ``local_compute`` + ``local_cache_hit`` (+ ``external_kv_transfer``, always 0: no KV
 connector) = ``prompt_tokens``; ``prompt_tokens_cached`` = the cache hits, all from the GPU prefix cache
 (``prompt_tokens_cached_by_source{source="device"}``). The MFU counters (``estimated_*_per_gpu``, opt-in in
-vLLM with ``--enable-mfu-metrics``, always on here) are the roofline's own FLOPs and bytes per step.
+vLLM with ``--enable-mfu-metrics``, always on here) are the roofline's own FLOPs and bytes per step. The
+KV-block residency histograms (``kv_block_*``, opt-in in vLLM with ``--kv-cache-metrics``, sampling 1 % of
+blocks) are always on and sample every prefix-cached block (see :mod:`.block_pool`).
 
 Aborts are counted under ``request_success{finished_reason="abort"}`` (real vLLM leaves that at 0,
 vllm-project/vllm#31503) and, as in vLLM, observed in no histogram.
@@ -19,7 +21,7 @@ vllm-project/vllm#31503) and, as in vLLM, observed in no histogram.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -38,6 +40,7 @@ from loadlens.contracts.buckets import (
     TIMING_ERROR_SECONDS,
     VLLM_INTER_TOKEN_LATENCY,
     VLLM_ITERATION_TOKENS,
+    VLLM_KV_CACHE_RESIDENCY,
     VLLM_REQUEST_LATENCY,
     VLLM_REQUEST_NUM_PREEMPTIONS,
     VLLM_REQUEST_PARAMS_N,
@@ -218,6 +221,22 @@ class VllmMetrics:
             req_tokens,
         )
 
+        self.kv_block_lifetime = histogram(
+            "vllm:kv_block_lifetime_seconds",
+            "KV-cache block lifetime from entering the prefix cache to eviction (every cached block sampled).",
+            VLLM_KV_CACHE_RESIDENCY,
+        )
+        self.kv_block_idle = histogram(
+            "vllm:kv_block_idle_before_evict_seconds",
+            "Time since an evicted KV-cache block's last access.",
+            VLLM_KV_CACHE_RESIDENCY,
+        )
+        self.kv_block_reuse_gap = histogram(
+            "vllm:kv_block_reuse_gap_seconds",
+            "Gaps between consecutive accesses of an evicted KV-cache block (its last 4 accesses).",
+            VLLM_KV_CACHE_RESIDENCY,
+        )
+
         # Sim-internal series: no vllm: prefix, no labels.
         self.step_duration = self._histogram_cls(
             "loadlens_sim_step_duration_seconds",
@@ -357,6 +376,13 @@ class VllmMetrics:
     def record_preemptions(self, n: int) -> None:
         if n:
             self.preemptions.inc(n)
+
+    def record_block_eviction(self, lifetime: float, idle: float, gaps: Sequence[float]) -> None:
+        """A prefix-cached KV block was evicted (vLLM's residency sample, taken at eviction)."""
+        self.kv_block_lifetime.observe(lifetime)
+        self.kv_block_idle.observe(idle)
+        for gap in gaps:
+            self.kv_block_reuse_gap.observe(gap)
 
     def record_rejection(self, reason: str) -> None:
         self.rejections[reason].inc()
