@@ -13,7 +13,7 @@ import contextlib
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,7 @@ class _Route(APIRoute):
     """Every route answers an unexpected exception with a logged OpenAI 500 itself, so Starlette's error
     middleware never prints a bare traceback (generation requests also count it, in ``_generate``)."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def guarded(request: Request) -> Response:
@@ -442,6 +442,6 @@ def create_app(
 def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
     methods: set[str] = set()
     for route in app.routes:
-        if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+        if isinstance(route, APIRoute) and route.methods and route.path_regex.match(request.url.path):
             methods |= route.methods
     return sorted(methods)
