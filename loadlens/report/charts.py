@@ -16,8 +16,9 @@ import matplotlib
 matplotlib.use("Agg")
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-from loadlens.report.queries import RefLine, Series, Stage
+from loadlens.report.queries import FiredAlert, RefLine, Series, Stage
 
 MAX_SERIES = 12
 _BAND_COLOURS = ("#e8eef7", "#f6f1e4")
@@ -28,6 +29,11 @@ _DATA_COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#17becf", "#7f7f7f", "#bcbd22",
     "#393b79", "#637939", "#8c6d31", "#6baed6", "#fdae6b", "#74c476",
 )  # fmt: skip
+# Firing alerts: a translucent span over the plot and a solid strip along its bottom, coloured by severity.
+ALERT_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e"}
+ALERT_OTHER_COLOUR = "#8c564b"
+ALERT_ALPHA = 0.12
+ALERT_STRIP = 0.035  # height of the bottom strip, as a fraction of the axes
 # A reference line more than this many times above the data's peak is listed, not drawn (it would flatten it).
 OFF_SCALE_FACTOR = 3.0
 
@@ -77,6 +83,10 @@ def _top_series(series: Sequence[Series], limit: int) -> tuple[list[Series], int
     return ranked[:limit], len(series) - limit
 
 
+def alert_colour(severity: str) -> str:
+    return ALERT_COLOURS.get(severity, ALERT_OTHER_COLOUR)
+
+
 def render(
     title: str,
     grafana_unit: str,
@@ -85,13 +95,50 @@ def render(
     start: float,
     end: float,
     stages: Sequence[Stage] = (),
+    alerts: Sequence[FiredAlert] = (),
     ref_lines: Sequence[RefLine] = (),
     stacked: bool = False,
     y_min: float | None = None,
     y_max: float | None = None,
     dpi: int = 100,
 ) -> bytes:
-    """One PNG (bytes). X: seconds since ``start``; y: the panel's unit scaled for reading (ms, GiB, %)."""
+    """One PNG (bytes) of :func:`figure`."""
+    fig = figure(
+        title,
+        grafana_unit,
+        series,
+        start=start,
+        end=end,
+        stages=stages,
+        alerts=alerts,
+        ref_lines=ref_lines,
+        stacked=stacked,
+        y_min=y_min,
+        y_max=y_max,
+        dpi=dpi,
+    )
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def figure(
+    title: str,
+    grafana_unit: str,
+    series: Sequence[Series],
+    *,
+    start: float,
+    end: float,
+    stages: Sequence[Stage] = (),
+    alerts: Sequence[FiredAlert] = (),
+    ref_lines: Sequence[RefLine] = (),
+    stacked: bool = False,
+    y_min: float | None = None,
+    y_max: float | None = None,
+    dpi: int = 100,
+) -> Figure:
+    """One chart. X: seconds since ``start``; y: the panel's unit scaled for reading (ms, GiB, %); stage bands
+    behind the data, firing alerts shaded over them (named in the legend)."""
     unit = unit_for(grafana_unit)
     fig = Figure(figsize=(9.6, 4.4), dpi=dpi)
     ax = fig.add_subplot()
@@ -122,6 +169,14 @@ def render(
             zorder=6,
             bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.7, "linewidth": 0},
         )
+
+    for alert in alerts:
+        lo, hi = max(alert.start, start), min(alert.end, end)
+        if hi <= lo:
+            continue
+        colour = alert_colour(alert.severity)
+        ax.axvspan(x(lo), x(hi), color=colour, alpha=ALERT_ALPHA, zorder=1.5, linewidth=0)
+        ax.axvspan(x(lo), x(hi), ymin=0.0, ymax=ALERT_STRIP, color=colour, zorder=5, linewidth=0)
 
     boolean = grafana_unit == "bool_on_off"
     series, always_off = drop_all_zero(series, boolean)
@@ -186,6 +241,9 @@ def render(
         n = len(shown)
         handles = handles[:n][::-1] + handles[n:]
         labels = labels[:n][::-1] + labels[n:]
+    for label, colour in alert_legend(alerts, start, end):
+        handles.append(Patch(facecolor=colour, alpha=0.6, linewidth=0))
+        labels.append(label)
     if handles:
         ax.legend(
             handles,
@@ -199,9 +257,16 @@ def render(
             title_fontsize=7,
         )
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return fig
+
+
+def alert_legend(alerts: Sequence[FiredAlert], start: float, end: float) -> list[tuple[str, str]]:
+    """One legend entry per alert name that fired inside ``start``–``end``: (``alert NAME (severity)``, colour)."""
+    seen: dict[str, str] = {}
+    for alert in alerts:
+        if min(alert.end, end) > max(alert.start, start) and alert.name not in seen:
+            seen[alert.name] = alert.severity
+    return [(f"alert {name}" + (f" ({sev})" if sev else ""), alert_colour(sev)) for name, sev in seen.items()]
 
 
 def _legend_title(hidden: int, always_off: int, boolean: bool) -> str | None:

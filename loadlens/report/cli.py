@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,12 +14,15 @@ from loadlens.util.cliutil import UsageError, env_arg
 if TYPE_CHECKING:
     from loadlens.contracts.slo import SLOConfig
     from loadlens.dashboards.model import Dashboard
+    from loadlens.report.html import ChartSection
+    from loadlens.report.queries import FiredAlert, PanelData, Stage
     from loadlens.report.results import Results
     from loadlens.util.prometheus import PrometheusClient
 
 ENV = "LOADLENS_REPORT_"
 DEFAULT_PROMETHEUS = "http://127.0.0.1:19090"  # the local stack's Prometheus (loadlens/contracts/ports.py)
-REPORT_FILE = "report.html"
+REPORT_FILE = "index.html"
+REPORT_DIR = "report"  # the default --out: beside the results, <run dir>/report/
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,16 +30,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "report",
         help="render the dashboards' queries for a test window into a self-contained HTML report",
         description=(
-            "Query Prometheus with every dashboard panel's PromQL over --from/--to, draw PNG charts (SLO lines, "
-            "stage bands) and the per-stage table of benchmark_result.json into DIR/report.html (one file, works "
-            "offline). Times are Unix seconds or ISO 8601; with --results they default to the run's start and end."
+            "A post-mortem of one test window as one offline HTML file: the run's verdict, the alerts that fired "
+            "(Prometheus ALERTS), the per-stage table, then the dashboards' panels grouped by question, drawn over "
+            "--from/--to with stage bands, firing alerts and SLO lines. Times are Unix seconds or ISO 8601; with "
+            "--results they default to the run's start and end, and the page goes to <run dir>/report/index.html."
         ),
     )
     env_arg(p, "--prometheus", default=DEFAULT_PROMETHEUS, help="Prometheus base URL", env_prefix=ENV)
     env_arg(p, "--from", dest="start", metavar="T", help="window start (Unix seconds or ISO 8601)", env_prefix=ENV)
     env_arg(p, "--to", dest="end", metavar="T", help="window end (Unix seconds or ISO 8601)", env_prefix=ENV)
-    env_arg(p, "--results", type=Path, metavar="FILE", help="benchmark_result.json of the run", env_prefix=ENV)
-    env_arg(p, "--out", type=Path, default=Path("report"), metavar="DIR", help="output directory", env_prefix=ENV)
+    env_arg(
+        p,
+        "--results",
+        type=Path,
+        metavar="PATH",
+        help="the run's directory or its benchmark_result.json",
+        env_prefix=ENV,
+    )
+    env_arg(
+        p,
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output directory, the page is DIR/index.html (default: report/ beside the results file)",
+        env_prefix=ENV,
+    )
     env_arg(
         p,
         "--rate-interval",
@@ -68,6 +86,18 @@ def _window(args: argparse.Namespace, results_start: float | None, results_end: 
     return start, end
 
 
+def out_dir(out: Path | None, results: Results | None) -> Path:
+    """Where the page goes: ``--out``, else ``report/`` beside the results file; without either, a usage
+    error (the report never lands in whatever directory the command ran from)."""
+    if out is None:
+        if results is None:
+            raise UsageError("--out is required without --results (by default the report goes beside the results)")
+        out = Path(results.source).parent / REPORT_DIR
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a directory")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from loadlens.contracts.results import ResultsError
     from loadlens.contracts.slo import SLOConfigError, load_slos
@@ -89,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rate-interval: {err}") from None
     if not str(args.prometheus).startswith(("http://", "https://")):
         raise UsageError(f"--prometheus: not an http(s) URL: {args.prometheus!r}")
+    out = out_dir(args.out, results)
     try:
         slos = load_slos(args.slo_file)
         boards = {stem: b for stem, b in dashboards(args.slo_file).items() if stem in LOAD_TEST_DASHBOARDS}
@@ -101,15 +132,72 @@ def run(args: argparse.Namespace) -> int:
         print(f"loadlens report: error: {err}", file=sys.stderr)
         return 1
     try:
-        path = build_report(client, boards, slos, start, end, results, args.out, rate_interval)
+        path = build_report(client, boards, slos, start, end, results, out, rate_interval)
     except PrometheusUnreachable as err:
         print(f"loadlens report: error: {err}", file=sys.stderr)
         return 1
     except OSError as err:
-        print(f"loadlens report: error: cannot write {args.out}: {err.strerror}", file=sys.stderr)
+        print(f"loadlens report: error: cannot write {out}: {err.strerror}", file=sys.stderr)
         return 1
     print(f"loadlens report: {path}")
     return 0
+
+
+def chart_sections(
+    panels: Sequence[PanelData],
+    slos: SLOConfig,
+    start: float,
+    end: float,
+    stages: Sequence[Stage] = (),
+    alerts: Sequence[FiredAlert] = (),
+) -> list[ChartSection]:
+    """The question sections: panels flat at 0 or without data are named in one line each, the rest drawn
+    with the stage bands, the firing alerts and their reference lines."""
+    from loadlens.report.charts import render
+    from loadlens.report.html import Chart, ChartSection
+    from loadlens.report.queries import reference_lines
+    from loadlens.report.sections import flat_zero, no_data, order_panels, slo_for, slug
+
+    sections: list[ChartSection] = []
+    used: set[str] = set()
+    for question, members in order_panels(panels):
+        charts: list[Chart] = []
+        flat: list[str] = []
+        empty: list[str] = []
+        for data in members:
+            panel = data.panel
+            if no_data(data):
+                empty.append(panel.title)
+                continue
+            if flat_zero(data):
+                flat.append(panel.title)
+                continue
+            png = render(
+                panel.title,
+                panel.unit,
+                data.series,
+                start=start,
+                end=end,
+                stages=stages,
+                alerts=alerts,
+                ref_lines=reference_lines(panel, slos, slo_for(question, panel.title)),
+                stacked=panel.stack,
+                y_min=panel.min,
+                y_max=panel.max,
+            )
+            anchor = base = f"chart-{slug(panel.title)}"
+            n = 1
+            while anchor in used:
+                n += 1
+                anchor = f"{base}-{n}"
+            used.add(anchor)
+            charts.append(
+                Chart(anchor, data.dashboard, data.row, panel.title, panel.description, png, tuple(data.errors))
+            )
+        sections.append(
+            ChartSection(question.anchor, question.title, question.intro, tuple(charts), tuple(flat), tuple(empty))
+        )
+    return sections
 
 
 def build_report(
@@ -122,37 +210,28 @@ def build_report(
     out: Path,
     rate_interval: str = "30s",
 ) -> Path:
-    """Query, draw, write ``out/report.html`` (atomically); returns its path."""
-    from loadlens.report.charts import render
-    from loadlens.report.html import Chart, render_page
-    from loadlens.report.queries import collect, reference_lines
+    """Query, draw, write ``out/index.html`` (atomically); returns its path."""
+    from loadlens.report.html import render_page
+    from loadlens.report.queries import collect, collect_alerts
+    from loadlens.util.prometheus import QueryError
 
     panels, prom_stages = collect(client, boards, start, end, rate_interval)
     stages = list(results.stages) if results is not None and results.stages else prom_stages
-    charts = []
-    for data in panels:
-        panel = data.panel
-        png = render(
-            panel.title,
-            panel.unit,
-            data.series,
-            start=start,
-            end=end,
-            stages=stages,
-            ref_lines=reference_lines(panel, slos),
-            stacked=panel.stack,
-            y_min=panel.min,
-            y_max=panel.max,
-        )
-        charts.append(Chart(data.dashboard, data.row, panel.title, panel.description, png, tuple(data.errors)))
+    alert_error: str | None = None
+    try:
+        alerts = collect_alerts(client, start, end)
+    except QueryError as err:
+        alerts, alert_error = [], str(err)
     page = render_page(
         prometheus=client.url,
         start=start,
         end=end,
-        charts=charts,
+        sections=chart_sections(panels, slos, start, end, stages, alerts),
         results=results,
         rate_interval=rate_interval,
         generated=time.time(),
+        alerts=alerts,
+        alert_error=alert_error,
     )
     out.mkdir(parents=True, exist_ok=True)
     path = out / REPORT_FILE

@@ -21,7 +21,7 @@ from loadlens.util.prometheus import PrometheusClient, QueryError
 TEMPLATE_VARIABLES = ("$model", "$instance", "$gpu", "$stage", "$run")
 MAX_POINTS = 400
 _DURATION = re.compile(r"^[1-9][0-9]*(ms|s|m|h)$")
-_SLO_NAME = re.compile(r'slo="([a-z_]+)"')
+_SLO_NAME = re.compile(r'slo="([a-z0-9_]+)"')
 _LEGEND_LABEL = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 
 
@@ -88,19 +88,27 @@ class RefLine:
     label: str
 
 
-def reference_lines(panel: Panel, slos: SLOConfig) -> list[RefLine]:
-    """SLO lines (one per priority class) for panels with an SLO target, and the panel's threshold line."""
+def slo_lines(name: str, slos: SLOConfig) -> list[RefLine]:
+    """The lines of one SLO of the SLO file: ``ttft``, ``itl``, ``e2e`` (one per priority class) or
+    ``lora_swap_delay``; none for another name."""
+    if name in ("ttft", "itl", "e2e"):
+        return [RefLine(cls.thresholds()[name], f"SLO {name.upper()} {cls.name}") for cls in slos.classes]
+    if name == "lora_swap_delay":
+        return [RefLine(slos.lora_swap.delay_seconds, "SLO swap delay")]
+    return []
+
+
+def reference_lines(panel: Panel, slos: SLOConfig, extra_slo: str | None = None) -> list[RefLine]:
+    """SLO lines (one per priority class) for panels with an SLO target or given ``extra_slo``, and the
+    panel's threshold line."""
     lines: list[RefLine] = []
     for target in panel.targets:
         if not is_slo_target(target.legend):
             continue
         match = _SLO_NAME.search(target.expr)
-        name = match.group(1) if match else ""
-        if name in ("ttft", "itl", "e2e"):
-            for cls in slos.classes:
-                lines.append(RefLine(cls.thresholds()[name], f"SLO {name.upper()} {cls.name}"))
-        elif name == "lora_swap_delay":
-            lines.append(RefLine(slos.lora_swap.delay_seconds, "SLO swap delay"))
+        lines.extend(slo_lines(match.group(1) if match else "", slos))
+    if extra_slo is not None and not lines:
+        lines.extend(slo_lines(extra_slo, slos))
     if panel.threshold is not None:
         lines.append(RefLine(panel.threshold.value, "threshold"))
     return lines
@@ -195,3 +203,76 @@ def collect(
                     continue
                 panels.append(data)
     return panels, stage_bands
+
+
+# --- Alerts that fired ---------------------------------------------------------------------------------------
+
+ALERTS_QUERY = 'ALERTS{alertstate="firing"}'
+# Labels every ALERTS series has; the rest (job, priority_class, slo...) tell firings of one rule apart.
+_ALERT_META = ("__name__", "alertname", "alertstate", "severity")
+
+
+@dataclass(frozen=True)
+class FiredAlert:
+    """One firing interval of one alert series, clipped to the window.
+
+    ``open_start``: already firing when the window began; ``open_end``: still firing when it ended.
+    """
+
+    name: str
+    severity: str
+    labels: tuple[tuple[str, str], ...]
+    start: float
+    end: float
+    open_start: bool = False
+    open_end: bool = False
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def alert_intervals(result: Sequence[Mapping[str, Any]], start: float, end: float, step: int) -> list[FiredAlert]:
+    """Firing intervals from a ``query_range`` of ``ALERTS{alertstate="firing"}`` at ``step`` seconds.
+
+    ALERTS only exists while an alert fires, so consecutive points (gaps of at most 1.5 steps) are one
+    interval. It ends one step after its last point (the alert resolved between that evaluation and the
+    next), clipped to the window; an interval whose last point is within a step of the window's end is open.
+    Sorted by start, then name.
+    """
+    out: list[FiredAlert] = []
+    for item in result:
+        labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
+        times = sorted(float(t) for t, v in item.get("values", []) if math.isfinite(float(v)))
+        if not times:
+            continue
+        extra = tuple(sorted((k, v) for k, v in labels.items() if k not in _ALERT_META))
+        name, severity = labels.get("alertname", "?"), labels.get("severity", "")
+        runs: list[tuple[float, float]] = []
+        first = last = times[0]
+        for t in times[1:]:
+            if t - last > 1.5 * step:
+                runs.append((first, last))
+                first = t
+            last = t
+        runs.append((first, last))
+        for lo, hi in runs:
+            open_end = hi + step > end
+            out.append(
+                FiredAlert(
+                    name,
+                    severity,
+                    extra,
+                    start=max(lo, start),
+                    end=end if open_end else hi + step,
+                    open_start=lo - start < step / 2,
+                    open_end=open_end,
+                )
+            )
+    return sorted(out, key=lambda a: (a.start, a.name, a.labels))
+
+
+def collect_alerts(client: PrometheusClient, start: float, end: float) -> list[FiredAlert]:
+    """The alerts that fired in the window (a refused query propagates as :class:`QueryError`)."""
+    step = step_for(start, end)
+    return alert_intervals(client.query_range(ALERTS_QUERY, start, end, step), start, end, step)

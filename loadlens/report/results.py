@@ -1,5 +1,9 @@
 """Read ``benchmark_result.json`` (the typed model in ``loadlens.contracts.results``) for the report: the run
-window, stage bands, the table."""
+window, stage bands, the table, the verdict.
+
+The verdict is read attribute by attribute with defaults (:func:`verdict_view`), so the report renders what a
+results file holds even where it lacks a field.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadlens.contracts.results import ResultsError, ServerFigures, parse_result
+from loadlens.contracts.results import RESULT_FILE, ResultsError, ServerFigures, parse_result
 from loadlens.report.queries import Stage
 
 
@@ -27,6 +31,53 @@ class StageRow:
 
 
 @dataclass(frozen=True)
+class SLORow:
+    """One SLO judged on one stage (and class): ``passed`` is None where nothing could be judged."""
+
+    slo: str
+    priority_class: str | None
+    stage: str
+    statistic: str
+    comparison: str
+    threshold: float | None
+    observed: float | None
+    unit: str
+    passed: bool | None
+
+
+@dataclass(frozen=True)
+class PageRow:
+    alertname: str
+    severity: str | None
+    receiver: str
+    status: str
+    at: str
+
+
+@dataclass(frozen=True)
+class VerdictAlertRow:
+    alertname: str
+    severity: str | None
+    state: str
+    starts_at: str | None
+    ends_at: str | None
+
+
+@dataclass(frozen=True)
+class VerdictView:
+    """What the report shows of ``verdict`` (docs/loadgen.md)."""
+
+    status: str  # pass | fail | unknown
+    headline: str
+    slos: tuple[SLORow, ...] = ()
+    pages: tuple[PageRow, ...] = ()
+    alerts: tuple[VerdictAlertRow, ...] = ()
+    checked_until: str | None = None
+    pages_source: str | None = None
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Results:
     run_id: str
     model: str
@@ -36,6 +87,72 @@ class Results:
     stages: tuple[Stage, ...]
     rows: tuple[StageRow, ...]
     source: str
+    verdict: VerdictView | None = None
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    """An attribute of a model, or a key of a plain dict; ``default`` when absent or None."""
+    value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return default if value is None else value
+
+
+def _opt_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def verdict_view(verdict: Any) -> VerdictView | None:
+    """The report's view of a results file's ``verdict`` (the typed model or a plain dict); None when absent."""
+    if verdict is None:
+        return None
+    slos = tuple(
+        SLORow(
+            slo=str(_get(c, "slo", "?")),
+            priority_class=_opt_str(_get(c, "priority_class")),
+            stage=str(_get(c, "stage", "")),
+            statistic=str(_get(c, "statistic", "")),
+            comparison=str(_get(c, "comparison", "<=")),
+            threshold=_opt_float(_get(c, "threshold")),
+            observed=_opt_float(_get(c, "observed")),
+            unit=str(_get(c, "unit", "")),
+            passed=_get(c, "passed") if isinstance(_get(c, "passed"), bool) else None,
+        )
+        for c in _get(verdict, "slos", [])
+    )
+    pages = tuple(
+        PageRow(
+            alertname=str(_get(p, "alertname", "?")),
+            severity=_opt_str(_get(p, "severity")),
+            receiver=str(_get(p, "receiver", "")),
+            status=str(_get(p, "status", "")),
+            at=str(_get(p, "at", "")),
+        )
+        for p in _get(verdict, "pages", [])
+    )
+    alerts = tuple(
+        VerdictAlertRow(
+            alertname=str(_get(a, "alertname", "?")),
+            severity=_opt_str(_get(a, "severity")),
+            state=str(_get(a, "state", "")),
+            starts_at=_opt_str(_get(a, "starts_at")),
+            ends_at=_opt_str(_get(a, "ends_at")),
+        )
+        for a in _get(verdict, "alerts", [])
+    )
+    window = _get(verdict, "window")
+    return VerdictView(
+        status=str(_get(verdict, "status", "unknown")),
+        headline=str(_get(verdict, "headline", "")),
+        slos=slos,
+        pages=pages,
+        alerts=alerts,
+        checked_until=_opt_str(_get(window, "checked_until")) if window is not None else None,
+        pages_source=_opt_str(_get(verdict, "pages_source")),
+        errors=tuple(str(e) for e in _get(verdict, "errors", [])),
+    )
 
 
 def parse_results(doc: Any, source: str = "<memory>") -> Results:
@@ -73,11 +190,24 @@ def parse_results(doc: Any, source: str = "<memory>") -> Results:
         stages=tuple(stages),
         rows=tuple(rows),
         source=source,
+        verdict=verdict_view(getattr(result, "verdict", None)),
     )
 
 
+def results_file(path: str | Path) -> Path:
+    """``--results`` as given: the JSON file itself, or a run directory holding ``benchmark_result.json``."""
+    given = Path(path)
+    if given.is_dir():
+        file = given / RESULT_FILE
+        if not file.is_file():
+            raise ResultsError(f"{given} is a directory without a {RESULT_FILE} (give the run's directory or the file)")
+        return file
+    return given
+
+
 def load_results(path: str | Path) -> Results:
-    file = Path(path)
+    """Parse ``path`` (a file, or a run directory: see :func:`results_file`)."""
+    file = results_file(path)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as err:

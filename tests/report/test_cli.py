@@ -45,4 +45,4 @@ def test_unreachable_prometheus_exits_1_fast(tmp_path: Path, capsys: pytest.Capt
     assert time.monotonic() - t0 < 5
     assert err.startswith(f"loadlens report: error: cannot reach Prometheus at {url}")
     assert err.count("\n") == 1
-    assert not (tmp_path / "report.html").exists()
+    assert not (tmp_path / "index.html").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from loadlens.dashboards.catalog import LOAD_TEST_DASHBOARDS, dashboards
 from loadlens.report.html import table_cells
 from loadlens.report.queries import collect
 from loadlens.report.results import load_results
+from loadlens.report.sections import flat_zero
 from loadlens.util.prometheus import PrometheusClient
 from tests.support.live import LiveRun
 
@@ -30,7 +32,7 @@ def test_report_from_a_real_run(live_run: LiveRun, tmp_path: Path, capsys: pytes
                  "--rate-interval", "15s"])  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert captured.out.strip() == f"loadlens report: {out / 'report.html'}"
+    assert captured.out.strip() == f"loadlens report: {out / 'index.html'}"
 
     # The panels the guide's questions hang on have real data over the run's window.
     results = load_results(results_file)
@@ -43,7 +45,7 @@ def test_report_from_a_real_run(live_run: LiveRun, tmp_path: Path, capsys: pytes
         assert title in with_data
     assert [b.name for b in bands] == [s.name for s in results.stages]
 
-    page = (out / "report.html").read_text(encoding="utf-8")
+    page = (out / "index.html").read_text(encoding="utf-8")
     doc = json.loads(results_file.read_text())
     assert len(results.rows) == len(doc["stages"]) >= 2
     for row in results.rows:
@@ -52,6 +54,16 @@ def test_report_from_a_real_run(live_run: LiveRun, tmp_path: Path, capsys: pytes
     assert f"<td>{first['mean_ttft_ms']:.2f}</td><td>{first['p99_ttft_ms']:.2f}</td>" in page
     assert f"<td>{first['server']['peak_vram_gib']:.2f}</td>" in page
     uris = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(uris) == len(panels)
     assert all(base64.b64decode(u)[:8] == PNG_MAGIC for u in uris)
+    # Every panel is drawn, or named once in a "nothing happened" (flat at 0) or "no data" line.
+    drawn = [unescape(t) for t in re.findall(r'<img alt="([^"]+)"', page)]
+    assert len(drawn) == len(uris)
+    lines = re.findall(r'<p class="(?:nothing|nodata)"[^>]*><strong>[^<]+</strong> \([^)]+\): ([^<]+)\.</p>', page)
+    named = [unescape(t) for line in lines for t in line.split(", ")]
+    assert sorted(drawn + named) == sorted(p.panel.title for p in panels)
+    flat = {p.panel.title for p in panels if flat_zero(p)}
+    assert {"Preemptions", "XID errors"} <= flat  # nothing preempted, no XID in a quick sim run
+    assert not flat & set(drawn)
+    for title in with_data - flat:
+        assert title in drawn
     assert "<script" not in page and 'src="http' not in page

@@ -14,7 +14,7 @@ from loadlens.contracts.results import ResultsError
 from loadlens.contracts.slo import load_slos
 from loadlens.dashboards.catalog import dashboards
 from loadlens.report.charts import drop_all_zero, render, unit_for
-from loadlens.report.html import Chart, render_page, table_cells
+from loadlens.report.html import Chart, ChartSection, render_page, table_cells
 from loadlens.report.queries import (
     RefLine,
     Series,
@@ -151,11 +151,12 @@ def test_page_has_table_and_embedded_pngs() -> None:
     results = load_results(FIXTURE)
     doc = json.loads(FIXTURE.read_text())
     png = render("Users", "short", [], start=0.0, end=10.0)
+    chart = Chart("chart-users", "loadlens / Load test overview", "Load", "Users", "Locust users <running>", png)
     page = render_page(
         prometheus="http://127.0.0.1:1",
         start=results.start or 0.0,
         end=results.end or 0.0,
-        charts=[Chart("loadlens / Load test overview", "Load", "Users", "Locust users <running>", png)],
+        sections=[ChartSection("load", "What load did the test apply?", "Users.", (chart,))],
         results=results,
         rate_interval="30s",
         generated=0.0,
