@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {what + ':':<18} {url}")
         return 0
     if args.action == "down":
+        print(f"loadlens stack: stopping the processes recorded in {stack.run_dir / 'stack.json'}", flush=True)
         stopped = stack.down()
         print(f"loadlens stack: stopped {', '.join(stopped) if stopped else 'nothing (no live processes)'}")
         return 0

@@ -273,6 +273,7 @@ class Stack:
         for service in reversed(services):
             if not _alive(service):
                 continue
+            self.say(f"  stopping {service.name:<13} pid {service.pid}")
             try:
                 os.kill(service.pid, signal.SIGTERM)
             except ProcessLookupError:

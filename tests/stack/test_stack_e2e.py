@@ -139,9 +139,18 @@ def test_ttft_breach_pages_then_resolves_and_healthy_load_pages_nothing(stack: S
     assert firing["labels"]["severity"] == "critical"
     assert firing["labels"]["priority_class"] == "interactive"
     assert firing["labels"]["gen_ai_request_model"] == "tiny"
-    assert firing["annotations"]["runbook_url"].endswith("#loadlensttftp99high")
+    pager = _url(stack, "pager")
+    # The links a page carries open: the runbook section on this stack's pager, the source in its Prometheus.
+    assert firing["annotations"]["runbook_url"] == f"{pager}/runbooks#loadlensttftp99high"
+    runbooks = httpx.get(firing["annotations"]["runbook_url"].split("#")[0])
+    assert runbooks.status_code == 200 and '<h2 id="loadlensttftp99high">' in runbooks.text
+    assert firing["generatorURL"].startswith(prom + "/")
     notification = next(n for n in _pages(stack) if any(a in n["alerts"] for a in [firing]))
     assert notification["receiver"] == "pager" and notification["version"] == "4"
+    assert notification["externalURL"] == _url(stack, "alertmanager")
+    links = dict(stack.ui_links())
+    for what in ("Prometheus graph", "Prometheus alerts", "Alertmanager", "Runbooks"):
+        assert httpx.get(links[what]).status_code == 200, (what, links[what])
 
     # 3. Load stops: the latency window empties, the alert resolves and the pager hears it.
     stopped = time.monotonic()
