@@ -45,7 +45,7 @@ def _profiles(service: dict[str, Any]) -> set[str]:
 def test_compose_validates_against_the_compose_spec() -> None:
     schema_file = SCHEMAS / "compose-spec.json"
     if not schema_file.exists():
-        pytest.skip(f"compose schema not found at {schema_file} (the shared/ checkout is absent)")
+        pytest.skip(f"compose schema not found at {schema_file} (the upstream JSON Schemas are kept in ../shared/schemas/ beside this checkout, as CI has them; without them this check cannot run)")
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e '.[dev]')")
     schema = json.loads(schema_file.read_text())
     # The schema names draft-07 without a trailing '#', which jsonschema does not recognise by itself.

@@ -123,7 +123,7 @@ def test_core_objects_validate_against_the_kubernetes_schemas(objects: list[dict
 def _crd_validator(schema_file: str) -> Any:
     path = SCHEMAS / schema_file
     if not path.exists():
-        pytest.skip(f"CRD schema not found at {path} (the shared/ checkout is absent)")
+        pytest.skip(f"CRD schema not found at {path} (the upstream JSON Schemas are kept in ../shared/schemas/ beside this checkout, as CI has them; without them this check cannot run)")
     jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[dev]'")
     schema = json.loads(path.read_text())
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)(schema)
