@@ -24,11 +24,13 @@ help:
 	@echo "make fixtures - regenerate committed golden files (metrics exposition)"
 
 $(STAMP): pyproject.toml constraints-cpu.txt
+	@echo "setting up $(VENV): loadlens with its extras and the CPU build of torch (a minute or two on a fresh machine)"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints-cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) \
 		-e '.[all,training,dev]'
 	@touch $(STAMP)
+	@echo "$(VENV) ready"
 
 venv: $(STAMP)
 
