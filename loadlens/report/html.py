@@ -172,9 +172,11 @@ def _verdict(results: Results | None) -> list[str]:
         )
         return out
     status = verdict.status.upper()
+    headline = verdict.headline
+    if headline.upper().startswith(f"{status}:"):  # the badge already says it
+        headline = headline[len(status) + 1 :].strip()
     out.append(
-        f'<p class="verdict verdict-{escape(verdict.status)}"><strong>{escape(status)}</strong>'
-        f" {escape(verdict.headline)}</p>"
+        f'<p class="verdict verdict-{escape(verdict.status)}"><strong>{escape(status)}</strong> {escape(headline)}</p>'
     )
     if verdict.slos:
         failed = sum(1 for r in verdict.slos if r.passed is False)
@@ -190,9 +192,10 @@ def _verdict(results: Results | None) -> list[str]:
         out.append(f"<h3>Pages ({len(verdict.pages)})</h3>")
         pages = [[p.alertname, p.severity or DASH, p.receiver, p.status, _iso(p.at)] for p in verdict.pages]
         out.extend(_table(PAGE_COLUMNS, pages, "pages"))
+    elif verdict.pages_source:
+        out.append(f'<p class="desc">No page reached the pager ({escape(verdict.pages_source)}).</p>')
     else:
-        source = f" (pager {verdict.pages_source})" if verdict.pages_source else ""
-        out.append(f'<p class="desc">No page reached the pager{escape(source)}.</p>')
+        out.append('<p class="desc">Pages were not checked (the load generator had no pager to ask).</p>')
     if verdict.alerts:
         seen = ", ".join(f"{a.alertname} ({a.state})" for a in verdict.alerts)
         until = f" up to {_iso(verdict.checked_until)}" if verdict.checked_until else ""

@@ -233,8 +233,7 @@ def test_verdict_from_a_plain_dict() -> None:
     page = _page(verdict=VERDICT)
     verdict = page[page.index('<h2 id="verdict">') : page.index('<h2 id="alerts">')]
     assert (
-        '<p class="verdict verdict-fail"><strong>FAIL</strong> FAIL: TTFT p99 (interactive) at c16 above 200 ms; '
-        "1 page</p>"
+        '<p class="verdict verdict-fail"><strong>FAIL</strong> TTFT p99 (interactive) at c16 above 200 ms; 1 page</p>'
     ) in verdict
     rows = re.findall(r"<tr>(.*?)</tr>", verdict)
     cells = [re.findall(r"<t[dh]>(.*?)</t[dh]>", r) for r in rows]
@@ -263,6 +262,11 @@ def test_without_a_verdict() -> None:
     assert verdict_view(None) is None
     partial = verdict_view({"status": "unknown"})
     assert partial is not None and (partial.headline, partial.slos, partial.pages) == ("", (), ())
+    no_pages = {**VERDICT, "pages": []}
+    page = _page(verdict=no_pages)
+    assert '<p class="desc">No page reached the pager (http://127.0.0.1:9095).</p>' in page
+    page = _page(verdict={**no_pages, "pages_source": None})
+    assert '<p class="desc">Pages were not checked (the load generator had no pager to ask).</p>' in page
 
 
 @pytest.mark.skipif("verdict" not in BenchmarkResult.model_fields, reason="the verdict model is not in results.py")
