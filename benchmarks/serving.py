@@ -7,8 +7,11 @@ so comparisons run side by side in one invocation, alternating A and B, and repo
 1. capacity: streams S concurrent closed-loop requests (max_tokens=128, ignore_eos) against
    ``--engine sim`` for D seconds; reports delivered output tokens/s, client ITL p50/p99, and the sim's own
    timing error (wake-up lateness against its schedule, from ``loadlens_sim_timing_error_seconds``).
-2. proxy: the same load directly against a sim server and through ``--engine openai`` in front of it;
-   reports TTFT/ITL p50/p99 and tokens/s for both, and the differences.
+2. proxy: the same load directly against a sim server and through ``--engine openai`` in front of it (and,
+   with ``--proxy-baseline DIR``, through another source tree's proxy), from the reference client in
+   benchmarks/stream_client.py; alternating rounds of 15 s (``--quick``: 2 rounds of 3 s) at 16 and 64
+   streams; reports TTFT/ITL p50/p99, tokens/s, the differences to direct and the throughput ratio, and CPU
+   per forwarded chunk of the sim, the proxy (/proc/<pid>/stat) and the client itself.
 3. instrumentation: CPU time of the per-token path (metrics + a live tracer) and the per-request path.
 """
 
@@ -166,11 +169,11 @@ def bench_capacity(streams_list: list[int], seconds: float, runs: list[tuple[str
 
 
 @contextlib.contextmanager
-def _server_process(*args: str) -> Iterator[tuple[str, int]]:
-    """A ``loadlens serve`` child: (url, pid), the pid for its CPU time."""
+def _server_process(*args: str, src: str | None = None) -> Iterator[tuple[str, int]]:
+    """A ``loadlens serve`` child: (url, pid), the pid for its CPU time; ``src``: run another source tree's."""
     port = free_port()
     cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd=src)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -202,11 +205,15 @@ class ProxyRun:
     proxy_cpu_s: float  # 0 for the direct path
 
 
-def bench_proxy(streams_list: list[int], seconds: float, rounds: int, model: str, gpu: str) -> dict[str, object]:
+def bench_proxy(
+    streams_list: list[int], seconds: float, rounds: int, model: str, gpu: str, baseline_src: str | None = None
+) -> dict[str, object]:
     """Direct against a sim server vs through ``--engine openai`` in front of the same sim, side by side:
     rounds alternate the order (direct first, then proxy first); figures are medians of the rounds. The
     reference client (benchmarks/stream_client.py) reports its own CPU time so it is seen not to be the
-    bottleneck; server CPU comes from /proc/<pid>/stat, per chunk = CPU seconds / chunks forwarded."""
+    bottleneck; server CPU comes from /proc/<pid>/stat, per chunk = CPU seconds / chunks forwarded.
+    ``baseline_src``: a second proxy run from another source tree (``git archive <commit> | tar -x -C DIR``)
+    in front of the same sim, as a third path ``before``."""
     print(
         f"\n## Proxy overhead: direct vs through --engine openai (model {model}, gpu {gpu}, real time, {seconds:g} s"
         f" runs; medians of {rounds} alternating rounds)"
@@ -220,15 +227,20 @@ def bench_proxy(streams_list: list[int], seconds: float, rounds: int, model: str
     with contextlib.ExitStack() as servers:
         sim_url, sim_pid = servers.enter_context(_server_process(*sim_args))
         proxy_url, proxy_pid = servers.enter_context(_server_process("--engine", "openai", "--upstream", sim_url))
+        paths = {"direct": (sim_url, None), "proxy": (proxy_url, proxy_pid)}
+        if baseline_src is not None:
+            before = _server_process("--engine", "openai", "--upstream", sim_url, src=baseline_src)
+            before_url, before_pid = servers.enter_context(before)
+            paths["before"] = (before_url, before_pid)
         for streams in streams_list:
-            runs: dict[str, list[ProxyRun]] = {"direct": [], "proxy": []}
+            runs: dict[str, list[ProxyRun]] = {name: [] for name in paths}
             for i in range(rounds):
-                order = [("direct", sim_url), ("proxy", proxy_url)]
-                for name, url in order if i % 2 == 0 else order[::-1]:
-                    sim0, proxy0 = cpu_seconds(sim_pid), cpu_seconds(proxy_pid)
+                order = list(paths.items())
+                for name, (url, pid) in order if i % 2 == 0 else order[::-1]:
+                    sim0, proxy0 = cpu_seconds(sim_pid), cpu_seconds(pid) if pid else 0.0
                     result = stream_client.run_load(url, model, streams, seconds)
-                    sim1, proxy1 = cpu_seconds(sim_pid), cpu_seconds(proxy_pid)
-                    runs[name].append(ProxyRun(result, sim1 - sim0, proxy1 - proxy0 if name == "proxy" else 0.0))
+                    sim1, proxy1 = cpu_seconds(sim_pid), cpu_seconds(pid) if pid else 0.0
+                    runs[name].append(ProxyRun(result, sim1 - sim0, proxy1 - proxy0))
             summary = {}
             for name, group in runs.items():
                 med = statistics.median
@@ -248,16 +260,19 @@ def bench_proxy(streams_list: list[int], seconds: float, rounds: int, model: str
                 summary[name] = row
                 cells = [str(streams), name, f"{row['ttft50']:.2f}", f"{row['ttft99']:.2f}", f"{row['itl50']:.2f}",
                          f"{row['itl99']:.2f}", f"{row['tok_s']:.0f}", f"{row['chunks']:.0f}",
-                         f"{row['sim_us']:.1f}", f"{row['proxy_us']:.1f}" if name == "proxy" else "-",
+                         f"{row['sim_us']:.1f}", f"{row['proxy_us']:.1f}" if name != "direct" else "-",
                          f"{row['client_us']:.1f}", f"{row['client_pct']:.0f}"]  # fmt: skip
                 print(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)), flush=True)
-            d, p = summary["direct"], summary["proxy"]
-            print(
-                f"{streams:>7} {'diff':>6} {p['ttft50'] - d['ttft50']:+9.2f} {p['ttft99'] - d['ttft99']:+9.2f}"
-                f" {p['itl50'] - d['itl50']:+8.2f} {p['itl99'] - d['itl99']:+8.2f}"
-                f"  ratio {p['tok_s'] / d['tok_s']:.4f}; errors direct {d['errors']}, proxy {p['errors']}",
-                flush=True,
-            )
+            d = summary["direct"]
+            for name in (n for n in paths if n != "direct"):
+                p = summary[name]
+                print(
+                    f"{streams:>7} {name[:2] + '-d':>6} {p['ttft50'] - d['ttft50']:+9.2f}"
+                    f" {p['ttft99'] - d['ttft99']:+9.2f} {p['itl50'] - d['itl50']:+8.2f}"
+                    f" {p['itl99'] - d['itl99']:+8.2f}  throughput ratio {p['tok_s'] / d['tok_s']:.4f};"
+                    f" errors direct {d['errors']}, {name} {p['errors']}",
+                    flush=True,
+                )
             report[str(streams)] = summary
     return report
 
@@ -321,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test of the benchmark itself)")
     parser.add_argument("--only", choices=["capacity", "proxy", "instrumentation"], default=None)
+    parser.add_argument(
+        "--proxy-baseline", metavar="DIR", default=None,
+        help="proxy benchmark: also run the proxy of this source tree (e.g. git archive <commit> | tar -x -C DIR)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else 10.0
     proxy_seconds, proxy_rounds = (3.0, 2) if args.quick else (15.0, 3)
@@ -330,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             [64, 256], seconds, [("tiny", "h100-sxm", 1.0), ("deepseek-r1-distill-llama-8b", "h100-sxm", 1.0)]
         )
     if args.only in (None, "proxy"):
-        bench_proxy([16, 64], proxy_seconds, proxy_rounds, "deepseek-r1-distill-llama-8b", "h100-sxm")
+        bench_proxy(
+            [16, 64], proxy_seconds, proxy_rounds, "deepseek-r1-distill-llama-8b", "h100-sxm", args.proxy_baseline
+        )
     if args.only in (None, "instrumentation"):
         bench_instrumentation(20_000 if args.quick else 200_000)
     return 0

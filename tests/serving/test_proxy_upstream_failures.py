@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -253,8 +253,9 @@ def test_no_503_against_a_real_uvicorn_closing_idle_connections_under_concurrenc
     up_registry = CollectorRegistry()
     up_app = create_app(upstream, ServeSettings(), registry=up_registry, tracing=Tracing.disabled())
     port = free_port()
+    keep_alive: Any = 0.05  # typed int, used as a loop.call_later delay: a float works
     config = uvicorn.Config(up_app, host="127.0.0.1", port=port, loop="asyncio", http="httptools",
-                            log_level="warning", access_log=False, timeout_keep_alive=0.05)  # fmt: skip
+                            log_level="warning", access_log=False, timeout_keep_alive=keep_alive)  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
