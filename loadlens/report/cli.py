@@ -217,9 +217,13 @@ def build_report(
 
     panels, prom_stages = collect(client, boards, start, end, rate_interval)
     stages = list(results.stages) if results is not None and results.stages else prom_stages
+    # Alerts with a `for:` fire after the load that caused them: look as far as the load generator's verdict did.
+    verdict = results.verdict if results is not None else None
+    checked = verdict.checked_until_timestamp if verdict is not None else None
+    alerts_end = max(end, checked) if checked is not None else end
     alert_error: str | None = None
     try:
-        alerts = collect_alerts(client, start, end)
+        alerts = collect_alerts(client, start, alerts_end)
     except QueryError as err:
         alerts, alert_error = [], str(err)
     page = render_page(
@@ -232,6 +236,7 @@ def build_report(
         generated=time.time(),
         alerts=alerts,
         alert_error=alert_error,
+        alerts_end=alerts_end,
     )
     out.mkdir(parents=True, exist_ok=True)
     path = out / REPORT_FILE

@@ -139,7 +139,8 @@ def alert_cells(alert: FiredAlert, start: float) -> list[str]:
     fired = f"{_clock(alert.start)} (t+{alert.start - start:.0f} s)"
     if alert.open_start:
         fired += ", already firing at the start"
-    resolved = "still firing at the end" if alert.open_end else f"{_clock(alert.end)} (t+{alert.end - start:.0f} s)"
+    when = f"{_clock(alert.end)} (t+{alert.end - start:.0f} s)"
+    resolved = f"still firing at {when}" if alert.open_end else when
     return [
         alert.name,
         alert.severity or DASH,
@@ -205,16 +206,19 @@ def _verdict(results: Results | None) -> list[str]:
     return out
 
 
-def _alerts(alerts: Sequence[FiredAlert], alert_error: str | None, start: float) -> list[str]:
+def _alerts(alerts: Sequence[FiredAlert], alert_error: str | None, start: float, end: float, until: float) -> list[str]:
     out = [f'<h2 id="{ALERTS}">{SECTION_TITLES[ALERTS]}</h2>']
+    where = "in the window"
+    if until > end:
+        where += f" and the {until - end:.0f} s after it the load generator waited for alerts (to {_utc(until)})"
     if alert_error is not None:
         out.append(f'<p class="err">ALERTS query refused: {escape(alert_error)}</p>')
     elif not alerts:
-        out.append('<p class="desc">No alert fired in the window (Prometheus ALERTS{alertstate="firing"}).</p>')
+        out.append(f'<p class="desc">No alert fired {escape(where)} (Prometheus ALERTS{{alertstate="firing"}}).</p>')
     else:
         names = sorted({a.name for a in alerts})
         out.append(
-            f'<p class="desc">{len(alerts)} firing intervals of {len(names)} alerts, from Prometheus '
+            f'<p class="desc">{len(alerts)} firing intervals of {len(names)} alerts {escape(where)}, from Prometheus '
             'ALERTS{alertstate="firing"}; each is shaded on every chart below (red: critical, orange: warning).</p>'
         )
         out.extend(_table(ALERT_COLUMNS, [alert_cells(a, start) for a in alerts], "alerts"))
@@ -307,6 +311,7 @@ def render_page(
     generated: float,
     alerts: Sequence[FiredAlert] = (),
     alert_error: str | None = None,
+    alerts_end: float | None = None,
 ) -> str:
     """The page: header, table of contents, then the sections of :func:`section_list` in that order."""
     title = "loadlens report"
@@ -332,7 +337,7 @@ def render_page(
     parts.append("</p>")
     parts.extend(_toc(results, sections))
     parts.extend(_verdict(results))
-    parts.extend(_alerts(alerts, alert_error, start))
+    parts.extend(_alerts(alerts, alert_error, start, end, max(end, alerts_end or end)))
     if results is not None:
         parts.extend(_stages(results))
     for section in sections:

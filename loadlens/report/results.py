@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ class VerdictView:
     pages: tuple[PageRow, ...] = ()
     alerts: tuple[VerdictAlertRow, ...] = ()
     checked_until: str | None = None
+    checked_until_timestamp: float | None = None  # the same instant, Unix seconds (None if absent or unparsable)
     pages_source: str | None = None
     errors: tuple[str, ...] = ()
 
@@ -102,6 +104,17 @@ def _opt_float(value: Any) -> float | None:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _timestamp(text: Any) -> float | None:
+    """ISO 8601 (``2026-11-29T23:38:53Z``; no offset = UTC) -> Unix seconds, None when not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def verdict_view(verdict: Any) -> VerdictView | None:
@@ -150,6 +163,7 @@ def verdict_view(verdict: Any) -> VerdictView | None:
         pages=pages,
         alerts=alerts,
         checked_until=_opt_str(_get(window, "checked_until")) if window is not None else None,
+        checked_until_timestamp=_timestamp(_get(window, "checked_until")) if window is not None else None,
         pages_source=_opt_str(_get(verdict, "pages_source")),
         errors=tuple(str(e) for e in _get(verdict, "errors", [])),
     )

@@ -16,9 +16,18 @@ from loadlens.contracts.results import BenchmarkResult
 from loadlens.contracts.slo import load_slos
 from loadlens.dashboards.catalog import LOAD_TEST_DASHBOARDS, dashboards
 from loadlens.report.charts import ALERT_ALPHA, ALERT_COLOURS, alert_legend, figure
-from loadlens.report.cli import chart_sections, out_dir
+from loadlens.report.cli import build_report, chart_sections, out_dir
 from loadlens.report.html import render_page, slo_cells
-from loadlens.report.queries import FiredAlert, PanelData, RefLine, Series, Stage, alert_intervals, reference_lines
+from loadlens.report.queries import (
+    ALERTS_QUERY,
+    FiredAlert,
+    PanelData,
+    RefLine,
+    Series,
+    Stage,
+    alert_intervals,
+    reference_lines,
+)
 from loadlens.report.results import SLORow, load_results, parse_results, verdict_view
 from loadlens.report.sections import OTHER, QUESTIONS, flat_zero, no_data, order_panels, question_of, slug
 from loadlens.util.cliutil import UsageError
@@ -323,3 +332,36 @@ def test_bad_input_exits_2_with_one_line(
     assert err.startswith("loadlens report: error: ") and err.count("\n") == 1
     assert message in err
     assert not (tmp_path / "report").exists(), "nothing written in the working directory"
+
+
+class _RecordingClient:
+    """Answers every range query with no series, and records the ALERTS query's window."""
+
+    url = "http://127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.alerts_window: tuple[float, float] | None = None
+
+    def query_range(self, expr: str, start: float, end: float, step: int) -> list[dict[str, Any]]:
+        if expr == ALERTS_QUERY:
+            self.alerts_window = (start, end)
+        return []
+
+
+def test_alerts_are_read_as_far_as_the_verdict_checked(tmp_path: Path) -> None:
+    doc = json.loads(FIXTURE.read_text())
+    results = parse_results(doc, str(FIXTURE))
+    boards = {stem: b for stem, b in dashboards().items() if stem in LOAD_TEST_DASHBOARDS}
+    assert results.start == 1795995431.045 and results.end == 1795995503.328
+    with_verdict = type(results)(**{**results.__dict__, "verdict": verdict_view(VERDICT)})
+    client = _RecordingClient()
+    path = build_report(client, boards, load_slos(), results.start, results.end, with_verdict, tmp_path)  # type: ignore[arg-type]
+    assert client.alerts_window == (1795995431.045, 1795995533.0)  # checked_until 2026-11-29T23:38:53Z
+    assert path == tmp_path / "index.html"
+    page = path.read_text(encoding="utf-8")
+    assert (
+        "No alert fired in the window and the 30 s after it the load generator waited for alerts "
+        "(to 2026-11-29 23:38:53 UTC)"
+    ) in page
+    build_report(client, boards, load_slos(), results.start, results.end, results, tmp_path)  # type: ignore[arg-type]
+    assert client.alerts_window == (1795995431.045, 1795995503.328)
