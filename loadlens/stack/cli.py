@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from loadlens.contracts.ports import PORT
@@ -94,4 +95,11 @@ def run(args: argparse.Namespace) -> int:
     for service, alive, ready in rows:
         state = "ready" if ready else ("running, not answering" if alive else "stopped")
         print(f"  {service.name:<13} {service.url:<28} pid {service.pid:<7} {state}")
+    firing, pages, last = stack.alerts_and_pages()
+    if firing is None:
+        print("  alerts firing: unknown (Prometheus does not answer)")
+    else:
+        print(f"  alerts firing: {len(firing)}{': ' + ', '.join(firing) if firing else ''}")
+    when = time.strftime("%H:%M:%S", time.localtime(last)) if last is not None else ""
+    print(f"  notifications received by the pager: {pages}{f' (last at {when})' if when else ''}")
     return 0 if all(ready for _, _, ready in rows) else 1

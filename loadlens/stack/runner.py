@@ -34,6 +34,7 @@ from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, PAGER_JOB, SERVE_JOB,
 from loadlens.contracts.slo import load_slos
 from loadlens.util.cliutil import UsageError
 from loadlens.util.http import http_ok
+from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
 
 STATE_FILE = "stack.json"
 PROBE_DIR = "probe"  # under the run directory: where local in-process probes write (LOADLENS_PROBE_DIR)
@@ -311,6 +312,33 @@ class Stack:
         if "pager" in urls:
             links += [("Runbooks", urls["pager"] + "/runbooks"), ("Pages received", urls["pager"] + "/pages")]
         return links
+
+    def alerts_and_pages(self) -> tuple[list[str] | None, int, float | None]:
+        """The alerts Prometheus has firing now (``name{severity}``, sorted; None when it cannot be asked), the
+        pager's notifications in this run directory, and the Unix time of the last one."""
+        urls = {s.name: s.url for s in self._load()}
+        firing: list[str] | None = None
+        if "prometheus" in urls:
+            try:
+                groups = PrometheusClient(urls["prometheus"], timeout=3.0).rule_groups()
+            except (PrometheusUnreachable, QueryError):
+                groups = None
+            if groups is not None:
+                firing = sorted(
+                    f"{a['labels'].get('alertname', '?')}{{{a['labels'].get('severity', '')}}}"
+                    for g in groups
+                    for r in g.get("rules", [])
+                    for a in r.get("alerts", [])
+                    if a.get("state") == "firing"
+                )
+        count, last = 0, None
+        log = self.run_dir / "pages.jsonl"
+        if log.exists():
+            for line in log.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    last = float(json.loads(line)["received_at"])
+                    count += 1
+        return firing, count, last
 
     def status(self) -> list[tuple[Service, bool, bool]]:
         """(service, process alive, ready URL answers) for each recorded service."""

@@ -148,6 +148,9 @@ def test_ttft_breach_pages_then_resolves_and_healthy_load_pages_nothing(stack: S
     notification = next(n for n in _pages(stack) if any(a in n["alerts"] for a in [firing]))
     assert notification["receiver"] == "pager" and notification["version"] == "4"
     assert notification["externalURL"] == _url(stack, "alertmanager")
+    firing_now, notifications, last = stack.alerts_and_pages()  # what `loadlens stack status` prints
+    assert firing_now is not None and "LoadlensTTFTP99High{critical}" in firing_now
+    assert notifications == len(_pages(stack)) >= 1 and last is not None
     links = dict(stack.ui_links())
     for what in ("Prometheus graph", "Prometheus alerts", "Alertmanager", "Runbooks"):
         assert httpx.get(links[what]).status_code == 200, (what, links[what])
