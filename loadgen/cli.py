@@ -71,9 +71,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     arg(
         p,
         "--log-level",
-        type=str.upper,
-        default="WARNING",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.lower,  # the spelling of serve and gpu-exporter; upper case is accepted too
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
         help="Locust log level",
     )
     arg(p, "--pager", type=http_url, default=None, help="loadlens pager base URL: count the run's pages (GET /pages)")
@@ -109,7 +109,7 @@ def build_command(args: argparse.Namespace, profile_path: Path, model: str | Non
     cmd += [locust_flag("profile"), str(profile_path), "--users-scale", repr(args.users_scale)]
     cmd += ["--time-scale", repr(args.time_scale), "--results", args.results, "--run-id", run_id]
     cmd += ["--metrics-port", str(args.metrics_port), "--metrics-host", args.metrics_host]
-    cmd += ["--progress-interval", repr(args.progress_interval), "--loglevel", args.log_level]
+    cmd += ["--progress-interval", repr(args.progress_interval), "--loglevel", args.log_level.upper()]
     if model:
         cmd += ["--model", model]
     if args.seed is not None:

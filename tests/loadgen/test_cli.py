@@ -34,9 +34,9 @@ def test_every_flag_has_its_env_variable() -> None:
 def test_env_sets_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOADLENS_LOAD_PROFILE", "burst")
     monkeypatch.setenv("LOADLENS_LOAD_TIME_SCALE", "0.5")
-    monkeypatch.setenv("LOADLENS_LOAD_LOG_LEVEL", "info")  # the serve command's lower-case spelling works too
+    monkeypatch.setenv("LOADLENS_LOAD_LOG_LEVEL", "INFO")  # lower case is the spelling; upper case works too
     args = build_parser().parse_args(["load"])
-    assert (args.profile, args.time_scale, args.log_level) == ("burst", 0.5, "INFO")
+    assert (args.profile, args.time_scale, args.log_level) == ("burst", 0.5, "info")
 
 
 def test_locust_command_line() -> None:
