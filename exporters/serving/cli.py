@@ -105,8 +105,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="write a Hugging Face tokenizer (tokenizer.json + configs) for --model-profile that counts tokens "
-        "as the sim does, loadable offline by transformers/tokenizers (guidellm --processor DIR), and exit",
+        help="write a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json) for --model-profile that "
+        "counts tokens as the sim does, loadable offline by transformers/tokenizers (guidellm), and exit",
     )
     p.set_defaults(handler=run)
 
