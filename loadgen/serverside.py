@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
@@ -30,10 +31,16 @@ QUERIES: dict[str, tuple[str, ...]] = {
         "avg(avg_over_time(DCGM_FI_DEV_GPU_UTIL[{range}])) / 100",
     ),
     "gpu_utilization_peak_to_trough_ratio": (
-        # The exporter's sampler sees the driver's ~ms samples; p95 - p5 over its window, averaged over the stage.
-        "max(avg_over_time(loadlens_gpu_utilization_window_peak_to_trough_ratio[{range}]))",
-        "max(max_over_time(loadlens_gpu_utilization_ratio[{range}]))"
-        " - min(min_over_time(loadlens_gpu_utilization_ratio[{range}]))",
+        # The exporter's sampler sees the driver's ~ms samples: p95 - p5 over its rolling window, averaged over
+        # the part of the stage where that window lies wholly inside the stage ({inner}: the stage minus the
+        # window), so idle samples from before the stage never count. Needs a stage longer than the window.
+        "max(avg_over_time(loadlens_gpu_utilization_window_peak_to_trough_ratio[{inner}]))",
+        # Otherwise (DCGM, or a stage not longer than the window): p95 - p5 of the scraped instant values inside
+        # the stage, the same statistic at the scrape interval's resolution.
+        "max(quantile_over_time(0.95, loadlens_gpu_utilization_ratio[{range}])"
+        " - quantile_over_time(0.05, loadlens_gpu_utilization_ratio[{range}]))",
+        "max(quantile_over_time(0.95, DCGM_FI_DEV_GPU_UTIL[{range}])"
+        " - quantile_over_time(0.05, DCGM_FI_DEV_GPU_UTIL[{range}])) / 100",
     ),
     "server_mean_ttft_ms": (
         "1000 * sum(increase(gen_ai_server_time_to_first_token_seconds_sum[{range}]))"
@@ -59,13 +66,28 @@ QUERIES: dict[str, tuple[str, ...]] = {
 }
 
 
+WINDOW_QUERY = "max(loadlens_gpu_utilization_window_seconds)"
+
+
 def stage_figures(client: PrometheusClient, *, start: float, end: float) -> dict[str, Any]:
     seconds = max(1, round(end - start))
     out: dict[str, Any] = {"window_seconds": seconds, "queries": {}, "errors": []}
+    try:
+        exporter_window = client.value_at(WINDOW_QUERY, end)
+    except (PrometheusUnreachable, QueryError):
+        exporter_window = None
+    # Whole seconds of the stage after the exporter's window has filled with the stage's own samples.
+    inner = seconds - math.ceil(exporter_window) if exporter_window is not None else 0
     for name, candidates in QUERIES.items():
         out[name] = None
         for template in candidates:
-            promql = template.replace("{range}", f"{seconds}s").replace("{seconds}", str(seconds))
+            if "{inner}" in template and inner < 1:
+                continue  # the stage is not longer than the exporter's window (or the window is unknown)
+            promql = (
+                template.replace("{range}", f"{seconds}s")
+                .replace("{inner}", f"{inner}s")
+                .replace("{seconds}", str(seconds))
+            )
             try:
                 value = client.value_at(promql, end)
             except (PrometheusUnreachable, QueryError) as err:

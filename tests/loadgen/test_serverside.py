@@ -44,8 +44,8 @@ def prom() -> Iterator[tuple[str, list[dict[str, str]]]]:
     answers = {
         "loadlens_gpu_memory_used_bytes": 18.3,
         "avg(avg_over_time(loadlens_gpu_utilization_ratio": 0.68,
-        # The exporter's window statistic is missing: the max - min fallback answers.
-        "max(max_over_time(loadlens_gpu_utilization_ratio": 0.12,
+        # The exporter's window statistic is missing: the in-stage p95 - p5 of the instant values answers.
+        "max(quantile_over_time(0.95, loadlens_gpu_utilization_ratio": 0.12,
         "gen_ai_server_time_to_first_token_seconds_sum": 182.0,
     }
     with serve_app(fake_prometheus(answers, seen)) as url:
@@ -58,12 +58,33 @@ def test_figures_per_stage_with_fallbacks(prom: tuple[str, list[dict[str, str]]]
     assert out["peak_vram_gib"] == 18.3
     assert out["mean_gpu_utilization_ratio"] == 0.68
     assert out["gpu_utilization_peak_to_trough_ratio"] == 0.12
-    assert "min_over_time" in out["queries"]["gpu_utilization_peak_to_trough_ratio"]
+    assert "quantile_over_time(0.05" in out["queries"]["gpu_utilization_peak_to_trough_ratio"]
     assert out["server_mean_ttft_ms"] == 182.0
     assert out["server_p99_ttft_ms"] is None and out["errors"] == []
     assert out["window_seconds"] == 180
     vram = next(p for p in seen if "loadlens_gpu_memory_used_bytes" in p["query"])
     assert "[180s]" in vram["query"] and vram["time"] == "1180.000"
+
+
+@pytest.mark.parametrize(
+    ("stage_s", "window_query"),
+    [
+        (180.0, "max(avg_over_time(loadlens_gpu_utilization_window_peak_to_trough_ratio[150s]))"),
+        (30.0, None),  # not longer than the 30 s window: every value would hold pre-stage samples; not asked
+    ],
+)
+def test_the_swing_skips_the_exporters_window_at_the_stage_start(stage_s: float, window_query: str | None) -> None:
+    seen: list[dict[str, str]] = []
+    answers = {"max(loadlens_gpu_utilization_window_seconds)": 30.0, "window_peak_to_trough_ratio": 0.25}
+    with serve_app(fake_prometheus(answers, seen)) as url:
+        out = figures_for_stages(url, [("c8", 1000.0, 1000.0 + stage_s)])["c8"]
+    asked = [p["query"] for p in seen if "peak_to_trough" in p["query"]]
+    if window_query is None:
+        assert asked == [] and out["gpu_utilization_peak_to_trough_ratio"] is None
+    else:
+        assert asked == [window_query]
+        assert out["gpu_utilization_peak_to_trough_ratio"] == 0.25
+        assert out["queries"]["gpu_utilization_peak_to_trough_ratio"] == window_query
 
 
 def test_unreachable_prometheus_is_reported_not_raised() -> None:
@@ -78,7 +99,10 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     if promtool is None:
         pytest.skip("promtool not installed (apt-get install prometheus)")
     rules = [
-        {"record": f"loadlens:check_{name}_{i}", "expr": q.replace("{range}", "60s").replace("{seconds}", "60")}
+        {
+            "record": f"loadlens:check_{name}_{i}",
+            "expr": q.replace("{range}", "60s").replace("{inner}", "30s").replace("{seconds}", "60"),
+        }
         for name, candidates in QUERIES.items()
         for i, q in enumerate(candidates)
     ]

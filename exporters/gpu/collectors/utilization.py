@@ -52,6 +52,11 @@ class UtilizationCollector(GpuCollector):
             "Effective interval between the driver's utilisation samples (median gap in the window).",
         )
         count = gauge("utilization_window_samples", "Utilisation samples in the window.")
+        length = gauge(
+            "utilization_window_seconds",
+            "Length of the rolling window the window statistics cover (--window): a reader slicing a period out of "
+            "them skips this much of its start, which still holds samples from before it.",
+        )
         for dev in scrape.devices():
             rates = scrape.read(dev, nvml.utilization, dev.handle)
             if rates is not None:
@@ -69,6 +74,7 @@ class UtilizationCollector(GpuCollector):
             if stats.sample_interval is not None:
                 interval.add_metric(dev.labels, stats.sample_interval)
             count.add_metric(dev.labels, float(stats.samples))
+            length.add_metric(dev.labels, float(self._sampler.window))
         yield util
         yield busy
         if self._sampler is not None:
@@ -76,6 +82,7 @@ class UtilizationCollector(GpuCollector):
             yield period
             yield interval
             yield count
+            yield length
 
 
 def _build(ctx: BuildContext) -> UtilizationCollector:
