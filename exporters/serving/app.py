@@ -435,7 +435,7 @@ def create_app(
             return error_response(404, f"engine '{engine.name}' has no simulated device")
         return JSONResponse(doc)
 
-    install_openapi(app)
+    install_openapi(app, engine.name)
     return app
 
 

@@ -8,6 +8,7 @@ body and responses with the ones declared here, so the document and the server s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -316,15 +317,29 @@ ROUTE_DOCS: Mapping[str, dict[str, Any]] = {
 """Keyword arguments for each route's decorator (summary, operation id); the rest is :data:`OPERATIONS`."""
 
 
-def build_openapi(app: FastAPI) -> dict[str, Any]:
+FORWARDING_ENGINES = frozenset({"openai"})
+"""Engines that forward the upstream's own status and error body on the generation and LoRA routes."""
+_FORWARDED = {
+    "description": "through the openai engine: the upstream's own status and error body, forwarded unchanged",
+    "content": {"application/json": {"schema": {"type": "object"}}},
+}
+_FORWARDING_ROUTES = frozenset(
+    {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/load_lora_adapter", "POST /v1/unload_lora_adapter"}
+)
+
+
+def build_openapi(app: FastAPI, engine: str = "sim") -> dict[str, Any]:
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
     for path, item in doc.get("paths", {}).items():
         for method, operation in item.items():
-            declared = OPERATIONS.get(f"{method.upper()} {path}")
+            key = f"{method.upper()} {path}"
+            declared = OPERATIONS.get(key)
             if declared is None:
-                raise ValueError(f"route {method.upper()} {path} has no entry in exporters/serving/openapi.py")
+                raise ValueError(f"route {key} has no entry in exporters/serving/openapi.py")
             operation.pop("requestBody", None)
-            operation.update(declared)
+            operation.update(json.loads(json.dumps(declared)))  # a copy: the table is shared by every app
+            if engine in FORWARDING_ENGINES and key in _FORWARDING_ROUTES:
+                operation["responses"]["default"] = _FORWARDED
     _, defs = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
@@ -333,12 +348,12 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
     return doc
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, engine: str = "sim") -> None:
     """Serve :func:`build_openapi`'s document (built once, on first request)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build_openapi(app)
+            app.openapi_schema = build_openapi(app, engine)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -111,3 +111,19 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(sim: SimServer) -> No
         if s.name == "loadlens_requests_total" and s.labels.get("code") == "500"
     )
     assert served_500 == 0
+
+
+def test_proxy_document_admits_the_upstreams_statuses() -> None:
+    from fastapi import FastAPI
+
+    from exporters.serving.openapi import OPERATIONS, ROUTE_DOCS, build_openapi
+
+    app = FastAPI()
+    for key in OPERATIONS:
+        method, path = key.split(" ", 1)
+        app.add_api_route(path, lambda: None, methods=[method], **ROUTE_DOCS[key])
+    proxy = build_openapi(app, "openai")
+    sim = build_openapi(app, "sim")
+    assert "default" in proxy["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert "default" not in sim["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert "default" not in proxy["paths"]["/v1/responses"]["post"]["responses"]
