@@ -5,13 +5,16 @@
 2. One request streamed token by token, to show the server works.
 3. ``loadlens load --profile quick`` (the guide's stress shape, compressed to about a minute and a half), with
    server-side figures from Prometheus.
-4. A summary: the per-stage table (TTFT p50/p99, ITL p99, tok/s, peak VRAM, GPU utilisation mean and swing),
-   alerts that fired, pages the pager received, where the results are and how to open Prometheus.
-5. ``loadlens report``: the dashboards' queries over the run's window, as one self-contained HTML page.
+   ``loadlens load`` prints the one per-stage table (TTFT, ITL, E2E percentiles, tok/s, goodput, peak VRAM,
+   GPU utilisation mean and swing) and the run's verdict: pass/fail against every SLO, and the alerts that
+   fired and the pages the pager received during the run's window (it waits, at most ``--alert-wait``, for
+   alerts still pending when the load stopped, and for their pages). Pages of earlier runs never count.
+4. ``loadlens report``: the dashboards' queries over the run's window, as one self-contained HTML page.
+5. The verdict's headline again, where the results are and how to open Prometheus.
 
 The stack stays up afterwards so Prometheus can be explored; ``loadlens stack down`` stops it. The demo
-exits non-zero if the stack or the load run failed. Environment: ``LOADLENS_DEMO_PROFILE`` (default
-``quick``), ``LOADLENS_DEMO_TIME_SCALE`` (default 1).
+exits non-zero if the stack or the load run failed (a FAIL verdict is the demo's point, not a failure).
+Environment: ``LOADLENS_DEMO_PROFILE`` (default ``quick``), ``LOADLENS_DEMO_TIME_SCALE`` (default 1).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
+from loadlens.contracts.results import ResultsError, parse_result
 from loadlens.stack.runner import Stack, StackOptions
 from loadlens.util.cliutil import UsageError
 from loadlens.util.net import free_port
@@ -93,78 +96,34 @@ def stream_one(url: str) -> None:
     )
 
 
+def load_command(
+    urls: dict[str, str], run_id: str, profile: str, time_scale: str, results: Path = RESULTS
+) -> list[str]:
+    """``loadlens load`` against the stack: server-side figures and alerts from its Prometheus, pages from its
+    pager, so the verdict covers the run's window (and only it)."""
+    return [
+        sys.executable, "-m", "loadlens.cli", "load", "--profile", profile, "--host", urls["serve"], "--headless",
+        "--prometheus", urls["prometheus"], "--pager", urls["pager"], "--results", str(results),
+        "--run-id", run_id, "--metrics-port", urls["loadgen_port"], "--time-scale", time_scale,
+    ]  # fmt: skip
+
+
 def run_load(urls: dict[str, str], run_id: str) -> int:
     profile = os.environ.get("LOADLENS_DEMO_PROFILE", "quick")
-    cmd = [
-        sys.executable, "-m", "loadlens.cli", "load", "--profile", profile, "--host", urls["serve"], "--headless",
-        "--prometheus", urls["prometheus"], "--results", str(RESULTS), "--run-id", run_id,
-        "--metrics-port", urls["loadgen_port"], "--time-scale", os.environ.get("LOADLENS_DEMO_TIME_SCALE", "1"),
-    ]  # fmt: skip
+    cmd = load_command(urls, run_id, profile, os.environ.get("LOADLENS_DEMO_TIME_SCALE", "1"))
     say(f"\ndemo: running the '{profile}' profile: {' '.join(cmd[2:])}")
     return subprocess.call(cmd)
 
 
-def fmt(value: Any, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def print_stages(result: dict[str, Any]) -> None:
-    say("\nPer stage (client view; server view from Prometheus):")
-    head = ("stage", "users", "ok", "fail", "TTFT p50", "TTFT p99", "ITL p99", "out tok/s", "goodput", "VRAM GiB",
-            "GPU util", "swing")  # fmt: skip
-    widths = (16, 5, 5, 4, 9, 9, 8, 9, 8, 8, 8, 6)
-    say("  " + " ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
-    say("  " + " ".join("-" * w for w in widths))
-    for stage in result.get("stages", []):
-        server = stage.get("server") or {}
-        util, swing = server.get("mean_gpu_utilization_ratio"), server.get("gpu_utilization_peak_to_trough_ratio")
-        name = stage["name"] + (" (warmup)" if stage.get("warmup") else "")
-        cells = [
-            name[:16], fmt(stage.get("target_users"), "d") if stage.get("target_users") is not None else "-",
-            str(stage.get("completed", 0)), str(stage.get("failed", 0)),
-            fmt(stage.get("p50_ttft_ms")), fmt(stage.get("p99_ttft_ms")), fmt(stage.get("p99_itl_ms")),
-            fmt(stage.get("output_throughput"), ".0f"), fmt(stage.get("goodput_ratio"), ".0%"),
-            fmt(server.get("peak_vram_gib"), ".2f"),
-            "-" if util is None else f"{util:.0%}", "-" if swing is None else f"{swing:.0%}",
-        ]  # fmt: skip
-        say("  " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
-    validity = result.get("validity", {})
-    if not validity.get("results_valid", True):
-        say(f"  results INVALID: {'; '.join(validity.get('reasons', []))}")
-    say("  (latencies in ms; goodput = share of requests meeting every SLO of their class)")
-
-
-def _pages() -> list[dict[str, Any]]:
-    pages_file = RUN_DIR / "pages.jsonl"
-    return [json.loads(line) for line in pages_file.read_text().splitlines()] if pages_file.exists() else []
-
-
-def print_alerts(urls: dict[str, str]) -> None:
+def verdict_headline(result_file: Path) -> str:
+    """The run's verdict headline from its result file (computed by ``loadlens load``, never here)."""
     try:
-        with urllib.request.urlopen(urls["alertmanager"] + "/api/v2/alerts", timeout=5) as response:
-            alerts = json.loads(response.read())
-    except (OSError, ValueError) as err:  # URLError and HTTPError are OSErrors
-        say(f"\nAlerts: Alertmanager did not answer ({err})")
-        alerts = []
-    # A page follows its alert by Alertmanager's group wait (5 s for critical): give it that long.
-    deadline = time.monotonic() + 15
-    critical = {a["labels"]["alertname"] for a in alerts if a["labels"].get("severity") == "critical"}
-    while time.monotonic() < deadline:
-        paged = {x["labels"].get("alertname") for n in _pages() for x in n["alerts"]}
-        if critical <= paged:
-            break
-        time.sleep(0.5)
-    say("\nAlerts active in Alertmanager:" if alerts else "\nAlerts active in Alertmanager: none")
-    for a in alerts:
-        labels = a["labels"]
-        say(f"  {labels.get('severity', '?'):<8} {labels['alertname']:<34} {a['status']['state']:<10} "
-            f"{a['annotations'].get('summary', '')}")  # fmt: skip
-    notifications = _pages()
-    received = sum(len(n["alerts"]) for n in notifications)
-    say(f"Pages received by the pager: {received} alerts in {len(notifications)} notifications")
-    for n in notifications[-10:]:
-        for a in n["alerts"]:
-            say(f"  {n['receiver']:<7} {a['status']:<9} {a['labels'].get('alertname')}")
+        result = parse_result(json.loads(result_file.read_text(encoding="utf-8")), str(result_file))
+    except (OSError, ValueError, ResultsError) as err:
+        return f"no verdict: {err}"
+    if result.verdict is None:
+        return f"no verdict in {result_file}"
+    return result.verdict.headline
 
 
 def main() -> int:
@@ -184,11 +143,8 @@ def main() -> int:
     run_id = "demo-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     rc = run_load(urls, run_id)
     result_file = RESULTS / run_id / "benchmark_result.json"
-    if result_file.exists():
-        print_stages(json.loads(result_file.read_text()))
-    else:
+    if not result_file.exists():
         say(f"demo: no results at {result_file}")
-    print_alerts(urls)
     report_dir = RESULTS / run_id / "report"
     report_rc = 1
     if result_file.exists():
@@ -197,6 +153,8 @@ def main() -> int:
             [sys.executable, "-m", "loadlens.cli", "report", "--prometheus", urls["prometheus"],
              "--results", str(result_file), "--out", str(report_dir)]
         )  # fmt: skip
+    if result_file.exists():
+        say(f"\nverdict: {verdict_headline(result_file)}")
     say("\nWhere things are:")
     say(f"  results       {result_file}")
     if report_rc == 0:

@@ -195,6 +195,20 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _pages_phrase(pages: Sequence[VerdictPage]) -> str:
+    """'no pages', '2 pages', or '3 pages (2 pager, 1 ticket)' when they went to several receivers."""
+    by_receiver: dict[str, int] = {}
+    for p in pages:
+        if p.status == "firing":
+            by_receiver[p.receiver] = by_receiver.get(p.receiver, 0) + 1
+    total = sum(by_receiver.values())
+    if not total:
+        return "no pages"
+    if len(by_receiver) == 1:
+        return _plural(total, "page")
+    return f"{_plural(total, 'page')} ({', '.join(f'{n} {r}' for r, n in by_receiver.items())})"
+
+
 @dataclass
 class Observation:
     """What :func:`observe` saw in the window: alerts, pages, where from, how long it waited."""
@@ -237,12 +251,11 @@ def build_verdict(result: BenchmarkResult, slos: SLOConfig, observation: Observa
         pending = len(obs.alerts) - fired
         tail.append(_plural(fired, "alert") + " fired" if fired else "no alerts fired")
         if pending:
-            tail[-1] += f" ({pending} still pending)"
+            tail[-1] += f", {pending} still pending"
     else:
         tail.append("alerts not checked")
     if obs.pages_source is not None:
-        paged = sum(1 for p in obs.pages if p.status == "firing")
-        tail.append(_plural(paged, "page") if paged else "no pages")
+        tail.append(_pages_phrase(obs.pages))
     if obs.errors:
         tail.append(f"{_plural(len(obs.errors), 'error')} reading alerts or pages")
     if result.validity is not None and not result.validity.results_valid:
@@ -485,12 +498,13 @@ def verdict_text(verdict: Verdict) -> str:
     if verdict.alerts_source is None:
         lines.append("  alerts: not checked (no --prometheus)")
     else:
-        waited = f"waited {w.waited_seconds:.0f} s of at most {w.wait_limit_seconds or 0:.0f} s after the run"
-        lines.append(
-            f"  alerts in the window {w.start} .. {w.checked_until} ({waited}): {len(verdict.alerts) or 'none'}"
-        )
+        waited = f"waited {w.waited_seconds or 0:.0f} s of at most {w.wait_limit_seconds or 0:.0f} s"
+        lines.append(f"  alerts of the run {w.start} .. {w.end} (checked until {w.checked_until}, {waited}):")
+        if not verdict.alerts:
+            lines[-1] += " none"
         for a in verdict.alerts:
-            labels = " ".join(f"{k}={v}" for k, v in a.labels.items())
+            # sloth_* labels name the burn-rate rule's origin; the file keeps them, the console leaves them out
+            labels = " ".join(f"{k}={v}" for k, v in a.labels.items() if not k.startswith("sloth_"))
             until = f" until {a.ends_at}" if a.ends_at else ""
             lines.append(
                 f"    {a.severity or '-':<8} {a.alertname:<34} {a.state:<8} since {a.starts_at}{until}  {labels}"
@@ -498,7 +512,7 @@ def verdict_text(verdict: Verdict) -> str:
     if verdict.pages_source is None:
         lines.append("  pages: not checked (no --pager)")
     else:
-        lines.append(f"  pages the pager received for alerts of the window: {len(verdict.pages) or 'none'}")
+        lines.append(f"  pages the pager received for alerts of the run: {len(verdict.pages) or 'none'}")
         for p in verdict.pages:
             lines.append(f"    {p.at} {p.receiver:<7} {p.status:<8} {p.severity or '-':<8} {p.alertname}")
     for e in verdict.errors:

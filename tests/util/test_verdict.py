@@ -138,8 +138,19 @@ def test_alerts_pages_and_invalid_results_reach_the_headline() -> None:
         alerts_source="http://p", pages_source="http://g",
     )  # fmt: skip
     assert V.build_verdict(result, SLOS, obs).headline == (
-        "PASS: 10 SLO checks passed over 1 stage and overall; 1 alert fired (1 still pending); 1 page; "
+        "PASS: 10 SLO checks passed over 1 stage and overall; 1 alert fired, 1 still pending; 1 page; "
         "results invalid (load generator CPU-bound)"
+    )
+
+
+def test_pages_to_several_receivers_are_counted_by_receiver() -> None:
+    result = _result([_stage("c8", interactive=GOOD)], {"completed": 200, "failed": 0,
+                     "classes": {"interactive": GOOD}})  # fmt: skip
+    pages = [VerdictPage(alertname=n, receiver=r, status="firing", at="x")
+             for n, r in (("A", "pager"), ("B", "ticket"), ("C", "pager"))]  # fmt: skip
+    obs = V.Observation(window=V.run_window(result), pages=pages, alerts_source="http://p", pages_source="http://g")
+    assert V.build_verdict(result, SLOS, obs).headline == (
+        "PASS: 10 SLO checks passed over 1 stage and overall; no alerts fired; 3 pages (2 pager, 1 ticket)"
     )
 
 

@@ -1,0 +1,129 @@
+"""The demo's alert and page summary is the run's verdict, scoped to the run's window, for real: the local
+stack (Prometheus, Alertmanager, sim server, GPU exporter, pager) and `loadlens load` as the demo runs it.
+
+1. A breach whose TTFT alert can only fire after the load has stopped (a test SLO file: 40 s latency window,
+   ``for: 30s``; the load lasts 15 s): the verdict waits out the pending alert and its page (bounded by
+   ``--alert-wait``) and counts both; ``--fail-on-slo`` exits 1.
+2. A healthy run right after, in the same stack: the pager still holds the first run's page, and the alert
+   may still be firing, but neither is this run's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from loadlens import demo
+from loadlens.contracts.results import BenchmarkResult, parse_result
+from loadlens.contracts.slo import DEFAULT_SLO_FILE
+from loadlens.stack.runner import Stack, StackOptions
+from loadlens.util.net import free_port
+from loadlens.util.verdict import parse_time
+from tests.loadgen.conftest import run_child, write_profile
+from tests.support.alertmanager import require_alertmanager
+from tests.support.prometheus import require_prometheus
+
+pytestmark = pytest.mark.slow
+TTFT_ALERT = "LoadlensTTFTP99High"
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    require_prometheus()
+    require_alertmanager()
+    slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
+    slo["alerting"].update({"latency_window": "40s", "latency_for": "30s", "min_request_rate": 0.1})
+    slo_file = tmp_path / "slos.yaml"
+    slo_file.write_text(yaml.safe_dump(slo))
+    options = StackOptions(
+        run_dir=tmp_path / "run", serve_port=free_port(), gpu_port=free_port(), pager_port=free_port(),
+        loadgen_port=free_port(), prometheus_port=free_port(), alertmanager_port=free_port(),
+        model_profile="tiny", gpu_profile="h100-sxm", knobs=["max_waiting=1000"], slo_file=slo_file,
+        scrape_interval="1s",
+    )  # fmt: skip
+    s = Stack(options, say=lambda _: None)
+    s.up()
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def _urls(stack: Stack) -> dict[str, str]:
+    urls = {s.name: s.url for s in stack._load()}
+    urls["loadgen_port"] = "0"
+    return urls
+
+
+def _run(urls: dict[str, str], tmp: Path, name: str, stage: dict[str, Any], *extra: str) -> tuple[int, str, Path]:
+    profile = write_profile(tmp / f"{name}.yaml", {
+        "traffic": [{"name": "chat", "prompt": {"tokens": 50}, "output_tokens": 32}],
+        "stages": [{"name": name, **stage}],
+    })  # fmt: skip
+    cmd = demo.load_command(urls, name, str(profile), "1", results=tmp / "results") + list(extra)
+    proc = run_child(cmd, timeout=200)
+    return proc.returncode, proc.stdout, tmp / "results" / name / "benchmark_result.json"
+
+
+def _result(path: Path) -> BenchmarkResult:
+    return parse_result(json.loads(path.read_text()), str(path))
+
+
+@pytest.mark.timeout(420)
+def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stack: Stack, tmp_path: Path) -> None:
+    urls = _urls(stack)
+    serve, prom = urls["serve"], urls["prometheus"]
+    with httpx.Client(timeout=10) as http:
+        deadline_polls = 40
+        while not http.get(prom + "/api/v1/alertmanagers").json()["data"]["activeAlertmanagers"]:
+            deadline_polls -= 1
+            assert deadline_polls > 0, "Prometheus never discovered Alertmanager"
+            time.sleep(0.5)
+        before = http.get(serve + "/admin/knobs").json()["knobs"]["max_num_seqs"]
+        assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": 1}).status_code == 200
+
+        # 1. The breach: 12 users queue behind one sequence slot for 15 s.
+        rc, out, path = _run(urls, tmp_path, "breach", {"users": 12, "duration": 15}, "--fail-on-slo",
+                             "--alert-wait", "120")  # fmt: skip
+        assert rc == 1, out
+        assert "verdict FAIL (--fail-on-slo): exit 1" in out
+        first = _result(path).verdict
+        assert first is not None
+        assert first.status == "fail"
+        assert first.headline.startswith("FAIL: TTFT p99 at breach above 200 ms"), first.headline
+        end = first.window.end_timestamp
+        assert end is not None and first.window.waited_seconds is not None
+        ttft = [a for a in first.alerts if a.alertname == TTFT_ALERT]
+        assert [(a.severity, a.labels["priority_class"]) for a in ttft] == [("critical", "interactive")]
+        fired = parse_time(ttft[0].starts_at)
+        assert fired is not None and fired > end, "the alert fired before the load stopped: the test proves nothing"
+        pages = [p for p in first.pages if p.alertname == TTFT_ALERT and p.status == "firing"]
+        assert [(p.receiver, p.severity) for p in pages] == [("pager", "critical")]
+        paged = parse_time(pages[0].at)
+        assert paged is not None and paged > fired
+        assert 0 < first.window.waited_seconds <= 120
+        assert paged - end <= first.window.waited_seconds
+        assert f"verdict: {first.headline}" in out
+        assert demo.verdict_headline(path) == first.headline
+
+        # 2. Healthy, in the same stack: the pager holds the first run's page, this run counts none of it.
+        assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": before}).status_code == 200
+        rc, out, path = _run(urls, tmp_path, "healthy", {"users": 2, "duration": 8}, "--alert-wait", "45")
+        assert rc == 0, out
+        second = _result(path).verdict
+        assert second is not None
+        held = http.get(urls["pager"] + "/pages").json()["notifications"]
+    assert any(a["labels"]["alertname"] == TTFT_ALERT for n in held for a in n["alerts"])
+    start = second.window.start_timestamp
+    assert start is not None and start > paged
+    assert [p for p in second.pages if p.alertname == TTFT_ALERT] == []
+    assert [a for a in second.alerts if a.alertname == TTFT_ALERT] == []
+    assert second.status == "pass", second.headline
+    assert second.pages_source == urls["pager"] and second.alerts_source == prom
