@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,8 @@ def _rules(burst_from: float, burst_to: float, still_from: float) -> dict[str, o
 def test_fired_alerts_and_flat_zero_from_prometheus(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    t0 = time.time()
-    burst = (t0 + 2.0, t0 + 6.0)
     rules = tmp_path / "rules.yml"
-    rules.write_text(yaml.safe_dump(_rules(*burst, t0 + 4.0)))
+    rules.write_text(yaml.safe_dump({"groups": []}))
     run_dir = tmp_path / "results" / "fixture-run"
     run_dir.mkdir(parents=True)
     (run_dir / "benchmark_result.json").write_text(FIXTURE.read_text())
@@ -65,6 +64,11 @@ def test_fired_alerts_and_flat_zero_from_prometheus(
     work.mkdir()
     monkeypatch.chdir(work)
     with PrometheusServer(tmp_path / "prom", extra_config={"rule_files": [str(rules)]}) as prom:
+        # The schedule starts once Prometheus runs (its start-up can take seconds on a loaded machine).
+        t0 = time.time()
+        burst = (t0 + 2.0, t0 + 6.0)
+        rules.write_text(yaml.safe_dump(_rules(*burst, t0 + 4.0)))
+        urllib.request.urlopen(urllib.request.Request(f"{prom.url}/-/reload", method="POST"), timeout=5).close()
         time.sleep(max(0.0, t0 + 9.0 - time.time()))
         t1 = time.time()
         fired = collect_alerts(PrometheusClient(prom.url), t0, t1)
@@ -73,9 +77,10 @@ def test_fired_alerts_and_flat_zero_from_prometheus(
             ("ReportFixtureStillFiring", "warning", (), True),
         ]
         first, still = fired
-        # Rules run every second and the query's step is 1 s: each edge lands within two seconds.
-        assert burst[0] <= first.start <= burst[0] + 2.0
-        assert burst[1] <= first.end <= burst[1] + 2.0
+        # Rules run every second and the query's step is 1 s: each edge lands within two seconds (three: a
+        # loaded machine can delay an evaluation).
+        assert burst[0] <= first.start <= burst[0] + 3.0
+        assert burst[1] <= first.end <= burst[1] + 3.0
         assert still.end == pytest.approx(t1, abs=1e-3)
 
         code = main(["report", "--prometheus", prom.url, "--results", str(run_dir), "--from", f"{t0:.3f}",

@@ -46,6 +46,9 @@ def test_report_from_a_real_run(live_run: LiveRun, tmp_path: Path, capsys: pytes
     assert [b.name for b in bands] == [s.name for s in results.stages]
 
     page = (out / "index.html").read_text(encoding="utf-8")
+    assert re.findall(r'<h2 id="([^"]+)">', page) == [
+        "verdict", "alerts", "stages", "load", "slo", "latency", "engine", "gpu", "vram", "rig",
+    ]  # fmt: skip
     doc = json.loads(results_file.read_text())
     assert len(results.rows) == len(doc["stages"]) >= 2
     for row in results.rows:
