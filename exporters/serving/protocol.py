@@ -116,6 +116,13 @@ class _GenerationRequest(OpenAIModel):
     priority: int = Field(
         default=0, ge=INT64_MIN, le=INT64_MAX, description="lower runs first; non-zero needs scheduling_policy=priority"
     )
+    # Validated as vLLM's sampling parameters are, then ignored by the sim (the proxy forwards them).
+    presence_penalty: _Float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: _Float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: _Float | None = Field(default=None, gt=0.0)
+    top_k: int | None = Field(default=None, ge=-1, description="-1 or 0 disable")
+    min_p: _Float | None = Field(default=None, ge=0.0, le=1.0)
+    user: str | None = None
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -125,6 +132,8 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(
         default=None, ge=1, le=MAX_TOKENS_LIMIT, description="wins over max_tokens"
     )
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0)
 
 
 class CompletionRequest(_GenerationRequest):
@@ -133,6 +142,7 @@ class CompletionRequest(_GenerationRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
         description="one prompt: a string or a list of exactly one string (no batches, no token ids)"
     )
+    logprobs: int | None = Field(default=None, ge=0)
 
 
 class LoadLoRAAdapterRequest(OpenAIModel):

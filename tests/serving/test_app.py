@@ -112,6 +112,13 @@ def test_openai_client_streams_and_not(served: Served) -> None:
         (json.dumps(_chat(seed=-(2**63) - 1)).encode(), "seed"),
         (json.dumps(_chat(priority=2**63)).encode(), "priority"),
         (json.dumps(_chat(top_p=0)).encode(), "top_p"),
+        (json.dumps(_chat(presence_penalty=2.5)).encode(), "presence_penalty"),
+        (json.dumps(_chat(frequency_penalty=-3)).encode(), "frequency_penalty"),
+        (json.dumps(_chat(repetition_penalty=0)).encode(), "repetition_penalty"),
+        (json.dumps(_chat(top_k=-2)).encode(), "top_k"),
+        (json.dumps(_chat(min_p=1.5)).encode(), "min_p"),
+        (json.dumps(_chat(logprobs="yes please")).encode(), "logprobs"),
+        (json.dumps(_chat(top_logprobs=-1)).encode(), "top_logprobs"),
         (b'{"model": "scripted", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
         (json.dumps({"model": "scripted", "messages": [{"role": "user", "content": []}]}).encode(), "messages"),
         (json.dumps({"model": "scripted", "messages": [{"role": "user"}]}).encode(), "messages"),
@@ -344,6 +351,8 @@ def test_integral_floats_and_numeric_strings_are_accepted_as_vllm_does(served: S
         assert r.json()["usage"]["completion_tokens"] == 4
     r = httpx.post(served.url + CHAT, json=_chat(seed=2**63 - 1, priority=-(2**63), temperature=2.5))
     assert r.status_code == 200
+    accepted = {"presence_penalty": -2, "frequency_penalty": 2.0, "top_k": -1, "min_p": 0, "logprobs": True}
+    assert httpx.post(served.url + CHAT, json=_chat(**accepted, top_logprobs=3, user="u")).status_code == 200
 
 
 @pytest.mark.parametrize(
