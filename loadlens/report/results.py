@@ -1,8 +1,8 @@
 """Read ``benchmark_result.json`` (the typed model in ``loadlens.contracts.results``) for the report: the run
 window, stage bands, the table, the verdict.
 
-The verdict is read attribute by attribute with defaults (:func:`verdict_view`), so the report renders what a
-results file holds even where it lacks a field.
+The verdict (``loadlens.contracts.results.Verdict``, written by the load generator) becomes the rows the page
+shows (:func:`verdict_view`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadlens.contracts.results import RESULT_FILE, ResultsError, ServerFigures, parse_result
+from loadlens.contracts.results import RESULT_FILE, ResultsError, ServerFigures, Verdict, parse_result
 from loadlens.report.queries import Stage
 
 
@@ -92,23 +92,9 @@ class Results:
     verdict: VerdictView | None = None
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    """An attribute of a model, or a key of a plain dict; ``default`` when absent or None."""
-    value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-    return default if value is None else value
-
-
-def _opt_float(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _timestamp(text: Any) -> float | None:
-    """ISO 8601 (``2026-11-29T23:38:53Z``; no offset = UTC) -> Unix seconds, None when not one."""
-    if not isinstance(text, str):
+def _timestamp(text: str | None) -> float | None:
+    """ISO 8601 (``2026-11-29T23:38:53Z``; no offset = UTC) -> Unix seconds, None when absent or not one."""
+    if not text:
         return None
     try:
         parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
@@ -117,55 +103,33 @@ def _timestamp(text: Any) -> float | None:
     return (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)).timestamp()
 
 
-def verdict_view(verdict: Any) -> VerdictView | None:
-    """The report's view of a results file's ``verdict`` (the typed model or a plain dict); None when absent."""
+def verdict_view(verdict: Verdict | None) -> VerdictView | None:
+    """What the report shows of a results file's ``verdict``; None when the file has none."""
     if verdict is None:
         return None
-    slos = tuple(
-        SLORow(
-            slo=str(_get(c, "slo", "?")),
-            priority_class=_opt_str(_get(c, "priority_class")),
-            stage=str(_get(c, "stage", "")),
-            statistic=str(_get(c, "statistic", "")),
-            comparison=str(_get(c, "comparison", "<=")),
-            threshold=_opt_float(_get(c, "threshold")),
-            observed=_opt_float(_get(c, "observed")),
-            unit=str(_get(c, "unit", "")),
-            passed=_get(c, "passed") if isinstance(_get(c, "passed"), bool) else None,
-        )
-        for c in _get(verdict, "slos", [])
-    )
-    pages = tuple(
-        PageRow(
-            alertname=str(_get(p, "alertname", "?")),
-            severity=_opt_str(_get(p, "severity")),
-            receiver=str(_get(p, "receiver", "")),
-            status=str(_get(p, "status", "")),
-            at=str(_get(p, "at", "")),
-        )
-        for p in _get(verdict, "pages", [])
-    )
-    alerts = tuple(
-        VerdictAlertRow(
-            alertname=str(_get(a, "alertname", "?")),
-            severity=_opt_str(_get(a, "severity")),
-            state=str(_get(a, "state", "")),
-            starts_at=_opt_str(_get(a, "starts_at")),
-            ends_at=_opt_str(_get(a, "ends_at")),
-        )
-        for a in _get(verdict, "alerts", [])
-    )
-    window = _get(verdict, "window")
     return VerdictView(
-        status=str(_get(verdict, "status", "unknown")),
-        headline=str(_get(verdict, "headline", "")),
-        slos=slos,
-        pages=pages,
-        alerts=alerts,
-        checked_until=_opt_str(_get(window, "checked_until")) if window is not None else None,
-        checked_until_timestamp=_timestamp(_get(window, "checked_until")) if window is not None else None,
-        pages_source=_opt_str(_get(verdict, "pages_source")),
-        errors=tuple(str(e) for e in _get(verdict, "errors", [])),
+        status=verdict.status,
+        headline=verdict.headline,
+        slos=tuple(
+            SLORow(
+                slo=c.slo,
+                priority_class=c.priority_class,
+                stage=c.stage,
+                statistic=c.statistic,
+                comparison=c.comparison,
+                threshold=c.threshold,
+                observed=c.observed,
+                unit=c.unit,
+                passed=c.passed,
+            )
+            for c in verdict.slos
+        ),
+        pages=tuple(PageRow(p.alertname, p.severity, p.receiver, p.status, p.at) for p in verdict.pages),
+        alerts=tuple(VerdictAlertRow(a.alertname, a.severity, a.state, a.starts_at, a.ends_at) for a in verdict.alerts),
+        checked_until=verdict.window.checked_until,
+        checked_until_timestamp=_timestamp(verdict.window.checked_until),
+        pages_source=verdict.pages_source,
+        errors=tuple(verdict.errors),
     )
 
 
@@ -204,7 +168,7 @@ def parse_results(doc: Any, source: str = "<memory>") -> Results:
         stages=tuple(stages),
         rows=tuple(rows),
         source=source,
-        verdict=verdict_view(getattr(result, "verdict", None)),
+        verdict=verdict_view(result.verdict),
     )
 
 

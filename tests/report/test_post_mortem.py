@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loadlens.cli import main
-from loadlens.contracts.results import BenchmarkResult
+from loadlens.contracts.results import ResultsError, Verdict
 from loadlens.contracts.slo import load_slos
 from loadlens.dashboards.catalog import LOAD_TEST_DASHBOARDS, dashboards
 from loadlens.report.charts import ALERT_ALPHA, ALERT_COLOURS, alert_legend, figure
@@ -28,7 +29,7 @@ from loadlens.report.queries import (
     alert_intervals,
     reference_lines,
 )
-from loadlens.report.results import SLORow, load_results, parse_results, verdict_view
+from loadlens.report.results import PageRow, SLORow, load_results, parse_results, verdict_view
 from loadlens.report.sections import OTHER, QUESTIONS, flat_zero, no_data, order_panels, question_of, slug
 from loadlens.util.cliutil import UsageError
 
@@ -99,7 +100,7 @@ def _page(with_results: bool = True, verdict: dict[str, Any] | None = None) -> s
         doc = json.loads(FIXTURE.read_text())
         results = parse_results(doc, str(FIXTURE))
         if verdict is not None:
-            results = type(results)(**{**results.__dict__, "verdict": verdict_view(verdict)})
+            results = replace(results, verdict=verdict_view(Verdict.model_validate(verdict)))
     panels = _with(_load_test_panels(), {"TTFT (server)": RISING, "Users": RISING, "Preemptions": ZEROS})
     alerts = [FiredAlert("LoadlensTTFTBudgetBurn", "critical", (("slo", "ttft"),), T0 + 5, T0 + 15)]
     sections = chart_sections(panels, load_slos(), T0, T0 + 20, [Stage("c8", T0, T0 + 20)], alerts)
@@ -238,7 +239,7 @@ def test_slo_line_on_every_latency_chart() -> None:
     ]
 
 
-def test_verdict_from_a_plain_dict() -> None:
+def test_verdict_from_a_hand_built_result() -> None:
     page = _page(verdict=VERDICT)
     verdict = page[page.index('<h2 id="verdict">') : page.index('<h2 id="alerts">')]
     assert (
@@ -269,8 +270,9 @@ def test_without_a_verdict() -> None:
     ) in page
     assert '<p class="verdict verdict-none">No verdict: the report was made without --results.</p>' in _page(False)
     assert verdict_view(None) is None
-    partial = verdict_view({"status": "unknown"})
-    assert partial is not None and (partial.headline, partial.slos, partial.pages) == ("", (), ())
+    partial = verdict_view(Verdict.model_validate({"status": "unknown", "headline": "UNKNOWN: no samples"}))
+    assert partial is not None
+    assert (partial.slos, partial.pages, partial.checked_until_timestamp) == ((), (), None)
     no_pages = {**VERDICT, "pages": []}
     page = _page(verdict=no_pages)
     assert '<p class="desc">No page reached the pager (http://127.0.0.1:9095).</p>' in page
@@ -278,15 +280,23 @@ def test_without_a_verdict() -> None:
     assert '<p class="desc">Pages were not checked (the load generator had no pager to ask).</p>' in page
 
 
-@pytest.mark.skipif("verdict" not in BenchmarkResult.model_fields, reason="the verdict model is not in results.py")
-def test_verdict_through_the_typed_model(tmp_path: Path) -> None:
+def test_verdict_read_from_a_results_file(tmp_path: Path) -> None:
     doc = json.loads(FIXTURE.read_text())
     doc["verdict"] = copy.deepcopy(VERDICT)
     file = tmp_path / "benchmark_result.json"
     file.write_text(json.dumps(doc))
     results = load_results(tmp_path)  # the run directory
-    assert results.verdict == verdict_view(VERDICT)
     assert results.source == str(file)
+    assert results.verdict is not None
+    assert (results.verdict.status, results.verdict.checked_until_timestamp) == ("fail", 1795995533.0)
+    assert results.verdict.slos[1] == SLORow("ttft", "interactive", "c16", "p99", "<=", 200.0, 412.25, "ms", False)
+    assert results.verdict.pages == (
+        PageRow("LoadlensTTFTBudgetBurn", "critical", "pager", "firing", "2026-11-29T23:37:56Z"),
+    )
+    doc["verdict"]["status"] = "maybe"
+    file.write_text(json.dumps(doc))
+    with pytest.raises(ResultsError, match=r"verdict\.status"):
+        load_results(file)
 
 
 def test_slug() -> None:
@@ -353,7 +363,7 @@ def test_alerts_are_read_as_far_as_the_verdict_checked(tmp_path: Path) -> None:
     results = parse_results(doc, str(FIXTURE))
     boards = {stem: b for stem, b in dashboards().items() if stem in LOAD_TEST_DASHBOARDS}
     assert results.start == 1795995431.045 and results.end == 1795995503.328
-    with_verdict = type(results)(**{**results.__dict__, "verdict": verdict_view(VERDICT)})
+    with_verdict = replace(results, verdict=verdict_view(Verdict.model_validate(VERDICT)))
     client = _RecordingClient()
     path = build_report(client, boards, load_slos(), results.start, results.end, with_verdict, tmp_path)  # type: ignore[arg-type]
     assert client.alerts_window == (1795995431.045, 1795995533.0)  # checked_until 2026-11-29T23:38:53Z
