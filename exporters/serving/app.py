@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP layer (FastAPI on uvicorn), engine-agnostic.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics``, ``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter``, ``GET|PATCH
-/admin/knobs``, ``GET /sim/device-state``. Every error is an OpenAI-style JSON body; a client mistake is
-never a 500. See docs/serving.md.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics``, ``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter``,
+``GET|PATCH /admin/knobs``, ``GET /sim/device-state``, and ``GET /openapi.json`` documenting them all
+(:mod:`exporters.serving.openapi`). Every error is an OpenAI-style JSON body; a client mistake is never a
+500, and a bug is a counted, logged 500 with the trace id. See docs/serving.md.
 """
 
 from __future__ import annotations
