@@ -30,7 +30,9 @@ class StreamParser:
     - TTFT: first chunk whose ``content`` (chat; or ``reasoning_content``) or ``text`` (completions) is non-empty;
       a role-only or empty first chunk does not count.
     - per-token ITL: when chunks carry ``usage.completion_tokens`` (continuous usage stats), a chunk that raises
-      the count by k after a gap g since the previous token-bearing chunk gives k samples of g / k.
+      the count by k after a gap g since the previous token-bearing chunk gives k samples of g / k. Usage that
+      first appears after content chunks without it (older llama.cpp servers: on the finish chunk, beside its
+      ``choices``) is a total, like the final ``include_usage`` chunk: the chunk gaps stand in for ITL.
     - chunk gaps: time between consecutive non-empty content chunks (reported separately; the ITL fallback).
     - E2E: intended start to ``[DONE]`` (or to the end of the body when a server omits it).
     """
@@ -101,6 +103,13 @@ class StreamParser:
             self.last_content = t
             if not self.continuous:
                 self.tokens += 1
+        if count is not None and not self.continuous and self.chunks > (1 if nonempty else 0):
+            # Content came before without usage, so this usage is no running count but a total on a chunk that
+            # still carries choices: older llama.cpp servers put it on the finish chunk. A total, never ITL.
+            self.final_usage = count
+            if prompt:
+                self.prompt_tokens = prompt
+            return False
         if count is not None:
             if not self.continuous:
                 self.continuous = True

@@ -81,6 +81,46 @@ def test_without_continuous_usage_chunk_gaps_stand_in_and_final_usage_gives_n() 
     assert record.output_tokens == 6
 
 
+def test_usage_on_the_finish_chunk_is_a_total_and_chunk_gaps_stand_in() -> None:
+    # Older llama-server builds: no usage until the last chunk, which has both choices (finish_reason) and usage.
+    def finish(completion: int) -> bytes:
+        obj = {
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": completion, "total_tokens": 4 + completion},
+        }
+        return b"data: " + json.dumps(obj).encode() + b"\n"
+
+    record = run(
+        [
+            (100.020, chat_chunk("a")),
+            (100.030, chat_chunk("b")),
+            (100.045, chat_chunk("c")),
+            (100.050, chat_chunk("d")),
+            (100.070, chat_chunk("e")),
+            (100.071, finish(5)),
+            (100.072, DONE),
+        ]
+    )
+    assert record.ok and record.output_tokens == 5 and record.prompt_tokens == 4 and record.usage_reported
+    assert record.itl_source == "chunk"  # counted as a fallback request by the store
+    assert record.itl == []
+    assert [(round(g, 6), n) for g, n in record.itl_samples()] == [(0.01, 1), (0.015, 1), (0.005, 1), (0.02, 1)]
+
+
+def test_usage_on_the_finish_chunk_with_text_in_it() -> None:
+    # The same, when the finish chunk also carries the last piece of text: that chunk still counts as content.
+    def last(text: str, completion: int) -> bytes:
+        obj = {
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": completion},
+        }
+        return b"data: " + json.dumps(obj).encode() + b"\n"
+
+    record = run([(100.02, chat_chunk("a")), (100.03, chat_chunk("b")), (100.05, last("c", 3)), (100.06, DONE)])
+    assert record.itl_source == "chunk" and record.output_tokens == 3 and record.chunks == 3
+    assert [round(g, 6) for g, _ in record.itl_samples()] == [0.01, 0.02]
+
+
 def test_no_usage_at_all_counts_content_chunks() -> None:
     record = run([(100.02, chat_chunk("a")), (100.03, chat_chunk("b")), (100.04, DONE)])
     assert record.output_tokens == 2
