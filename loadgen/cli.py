@@ -76,7 +76,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=["debug", "info", "warning", "error"],
         help="Locust log level",
     )
-    arg(p, "--pager", type=http_url, default=None, help="loadlens pager base URL: count the run's pages (GET /pages)")
+    arg(
+        p,
+        "--pager",
+        type=pager_source,
+        default=None,
+        help="loadlens pager base URL (GET /pages) or its log file (pages.jsonl): count the run's pages",
+    )
     arg(
         p,
         "--alert-wait",
@@ -139,6 +145,15 @@ def build_command(args: argparse.Namespace, profile_path: Path, model: str | Non
     return cmd
 
 
+def pager_source(text: str) -> str:
+    """A pager URL (http(s)://...) or the path of its log file (which need not exist yet: no pages)."""
+    if "://" in text:
+        return http_url(text)
+    if not text or Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"must be a pager URL or its pages.jsonl file, got {text!r}")
+    return text
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -196,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from err
     try:
         slos = load_slos(args.slo_file or None)
-    except SLOConfigError as err:
+        for traffic in profile.traffic:
+            traffic.slo_class(slos)
+    except (SLOConfigError, ProfileError) as err:
         raise UsageError(str(err)) from err
     if args.master_host and (args.workers or args.expect_workers):
         raise UsageError("--master-host (worker mode) cannot be combined with --workers or --expect-workers")

@@ -97,20 +97,24 @@ def stream_one(url: str) -> None:
 
 
 def load_command(
-    urls: dict[str, str], run_id: str, profile: str, time_scale: str, results: Path = RESULTS
+    urls: dict[str, str], run_id: str, profile: str, time_scale: str, *, pages: str, results: Path = RESULTS
 ) -> list[str]:
-    """``loadlens load`` against the stack: server-side figures and alerts from its Prometheus, pages from its
-    pager, so the verdict covers the run's window (and only it)."""
+    """``loadlens load`` against the stack: server-side figures and alerts from its Prometheus, pages from the
+    pager (``pages``: its URL, or its log file, which holds every earlier run's pages too), so the verdict
+    covers the run's window and only it."""
     return [
         sys.executable, "-m", "loadlens.cli", "load", "--profile", profile, "--host", urls["serve"], "--headless",
-        "--prometheus", urls["prometheus"], "--pager", urls["pager"], "--results", str(results),
+        "--prometheus", urls["prometheus"], "--pager", pages, "--results", str(results),
         "--run-id", run_id, "--metrics-port", urls["loadgen_port"], "--time-scale", time_scale,
     ]  # fmt: skip
 
 
 def run_load(urls: dict[str, str], run_id: str) -> int:
     profile = os.environ.get("LOADLENS_DEMO_PROFILE", "quick")
-    cmd = load_command(urls, run_id, profile, os.environ.get("LOADLENS_DEMO_TIME_SCALE", "1"))
+    time_scale = os.environ.get("LOADLENS_DEMO_TIME_SCALE", "1")
+    # The pager's log, not its URL: it survives pager restarts, and it holds earlier demos' pages, which the
+    # verdict leaves out (only alerts that started in this run's window count).
+    cmd = load_command(urls, run_id, profile, time_scale, pages=str(RUN_DIR / "pages.jsonl"))
     say(f"\ndemo: running the '{profile}' profile: {' '.join(cmd[2:])}")
     return subprocess.call(cmd)
 

@@ -307,7 +307,7 @@ class Verdict(_Model):
     pages: list[VerdictPage] = Field(default_factory=list)
     window: VerdictWindow = Field(default_factory=VerdictWindow)
     alerts_source: str | None = None  # the Prometheus URL alerts came from; None: alerts not checked
-    pages_source: str | None = None  # the pager URL pages came from; None: pages not checked
+    pages_source: str | None = None  # the pager URL or pages.jsonl the pages came from; None: not checked
     errors: list[str] = Field(default_factory=list)  # why alerts or pages could not be read
 
 

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from loadlens.contracts.results import (
@@ -351,13 +352,32 @@ def alert_history(
     return out
 
 
-def fetch_notifications(pager_url: str, timeout: float = 5.0) -> list[dict[str, Any]]:
-    """The notifications the pager has received (``GET /pages``). Raises OSError or ValueError."""
-    with urllib.request.urlopen(pager_url.rstrip("/") + "/pages", timeout=timeout) as response:
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def fetch_notifications(source: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The notifications the pager has received: ``GET /pages`` of a pager URL (those since it started), or
+    every line of its log file (``pages.jsonl``, all of them; a missing file holds none). Raises OSError or
+    ValueError."""
+    if not is_url(source):
+        path = Path(source)
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line being written as we read
+            if isinstance(entry, dict):
+                out.append(entry)
+        return out
+    with urllib.request.urlopen(source.rstrip("/") + "/pages", timeout=timeout) as response:
         doc = json.loads(response.read())
     notifications = doc.get("notifications") if isinstance(doc, dict) else None
     if not isinstance(notifications, list):
-        raise ValueError(f"{pager_url}/pages did not answer like loadlens pager (no notifications list)")
+        raise ValueError(f"{source}/pages did not answer like loadlens pager (no notifications list)")
     return [n for n in notifications if isinstance(n, dict)]
 
 
@@ -412,7 +432,8 @@ def observe(
 
     Settled means: two rule evaluations have passed since ``end`` (the run's last samples are scraped and
     judged), no alert that became pending in the window can still fire before the bound (activeAt + for:),
-    and every alert of the window that fired has reached the pager (``pager_url``), or has had
+    and every alert of the window that fired has reached the pager (``pager_url``: its URL, or its log file
+    ``pages.jsonl``), or has had
     :data:`PAGE_GRACE_S` to do so (an alert routed nowhere never arrives). Without ``prometheus_url`` there is
     nothing to wait for and only the pages are read.
     """

@@ -71,6 +71,9 @@ def test_invalid_profile_exits_2_naming_the_field(tmp_path: Path) -> None:
         (["--host", "localhost:8000"], "must be an http(s) URL"),
         (["--time-scale", "0"], "must be a positive finite number"),
         (["--workers", "2", "--expect-workers", "2"], "use either --workers"),
+        (["--alert-wait", "-1"], "argument --alert-wait: must be >= 0 and finite, got '-1'"),
+        (["--pager", "ftp://127.0.0.1:9095"], "argument --pager: must be an http(s) URL"),
+        (["--pager", "/"], "argument --pager: must be a pager URL or its pages.jsonl file, got '/'"),
     ],
 )
 def test_usage_errors_exit_2(argv: list[str], needle: str) -> None:

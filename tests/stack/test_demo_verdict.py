@@ -4,8 +4,8 @@ stack (Prometheus, Alertmanager, sim server, GPU exporter, pager) and `loadlens 
 1. A breach whose TTFT alert can only fire after the load has stopped (a test SLO file: 40 s latency window,
    ``for: 30s``; the load lasts 15 s): the verdict waits out the pending alert and its page (bounded by
    ``--alert-wait``) and counts both; ``--fail-on-slo`` exits 1.
-2. A healthy run right after, in the same stack: the pager still holds the first run's page, and the alert
-   may still be firing, but neither is this run's.
+2. A healthy run right after, in the same stack, reading the pager's log (``pages.jsonl``) as ``make demo``
+   does: the log holds the first run's pages, and its alert may still be firing, but neither is this run's.
 """
 
 from __future__ import annotations
@@ -62,12 +62,14 @@ def _urls(stack: Stack) -> dict[str, str]:
     return urls
 
 
-def _run(urls: dict[str, str], tmp: Path, name: str, stage: dict[str, Any], *extra: str) -> tuple[int, str, Path]:
+def _run(
+    urls: dict[str, str], tmp: Path, name: str, stage: dict[str, Any], pages: str, *extra: str
+) -> tuple[int, str, Path]:
     profile = write_profile(tmp / f"{name}.yaml", {
         "traffic": [{"name": "chat", "prompt": {"tokens": 50}, "output_tokens": 32}],
         "stages": [{"name": name, **stage}],
     })  # fmt: skip
-    cmd = demo.load_command(urls, name, str(profile), "1", results=tmp / "results") + list(extra)
+    cmd = demo.load_command(urls, name, str(profile), "1", pages=pages, results=tmp / "results") + list(extra)
     proc = run_child(cmd, timeout=200)
     return proc.returncode, proc.stdout, tmp / "results" / name / "benchmark_result.json"
 
@@ -90,8 +92,8 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": 1}).status_code == 200
 
         # 1. The breach: 12 users queue behind one sequence slot for 15 s.
-        rc, out, path = _run(urls, tmp_path, "breach", {"users": 12, "duration": 15}, "--fail-on-slo",
-                             "--alert-wait", "120")  # fmt: skip
+        rc, out, path = _run(urls, tmp_path, "breach", {"users": 12, "duration": 15}, urls["pager"],
+                             "--fail-on-slo", "--alert-wait", "120")  # fmt: skip
         assert rc == 1, out
         assert "verdict FAIL (--fail-on-slo): exit 1" in out
         first = _result(path).verdict
@@ -113,17 +115,19 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         assert f"verdict: {first.headline}" in out
         assert demo.verdict_headline(path) == first.headline
 
-        # 2. Healthy, in the same stack: the pager holds the first run's page, this run counts none of it.
+        # 2. Healthy, in the same stack, reading the pager's log as the demo does: the log holds the first
+        #    run's page, this run counts none of it.
         assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": before}).status_code == 200
-        rc, out, path = _run(urls, tmp_path, "healthy", {"users": 2, "duration": 8}, "--alert-wait", "45")
+        log = str(stack.run_dir / "pages.jsonl")
+        rc, out, path = _run(urls, tmp_path, "healthy", {"users": 2, "duration": 8}, log, "--alert-wait", "45")
         assert rc == 0, out
         second = _result(path).verdict
         assert second is not None
-        held = http.get(urls["pager"] + "/pages").json()["notifications"]
+    held = [json.loads(line) for line in Path(log).read_text().splitlines()]
     assert any(a["labels"]["alertname"] == TTFT_ALERT for n in held for a in n["alerts"])
     start = second.window.start_timestamp
     assert start is not None and start > paged
     assert [p for p in second.pages if p.alertname == TTFT_ALERT] == []
     assert [a for a in second.alerts if a.alertname == TTFT_ALERT] == []
     assert second.status == "pass", second.headline
-    assert second.pages_source == urls["pager"] and second.alerts_source == prom
+    assert second.pages_source == log and second.alerts_source == prom

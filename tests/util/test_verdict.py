@@ -3,6 +3,7 @@ alerts and pages of a window from a stand-in Prometheus and pager."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs
@@ -284,3 +285,33 @@ def test_observe_names_what_it_could_not_read() -> None:
         "pages: pager http://127.0.0.1:9: [Errno 111] Connection refused",
     ]
     assert (obs.alerts, obs.pages) == ([], [])
+
+
+def test_the_pagers_log_file_is_read_whole_and_scoped_to_the_window(tmp_path: Any) -> None:
+    log = tmp_path / "pages.jsonl"
+    assert V.fetch_notifications(str(log)) == []  # no log yet: no pages
+    earlier = {
+        "received_at": T0 - 50,
+        "receiver": "pager",
+        "alerts": [{"status": "firing", "labels": LABELS, "startsAt": _iso(T0 - 55)}],
+    }
+    resolved_late = {
+        "received_at": T0 + 10,
+        "receiver": "pager",
+        "alerts": [{"status": "resolved", "labels": LABELS, "startsAt": _iso(T0 - 55)}],
+    }
+    ours = {
+        "received_at": T0 + 70,
+        "receiver": "ticket",
+        "alerts": [{"status": "firing", "labels": {**LABELS, "severity": "warning"}, "startsAt": _iso(T0 + 64)}],
+    }
+    after = {"received_at": T0 + 500, "receiver": "pager",
+             "alerts": [{"status": "firing", "labels": LABELS, "startsAt": _iso(T0 + 490)}]}  # fmt: skip
+    lines = [json.dumps(n) for n in (earlier, resolved_late, ours, after)]
+    log.write_text("\n".join(lines) + '\n{"received_at": ')  # the pager is writing a line as we read
+    notifications = V.fetch_notifications(str(log))
+    assert len(notifications) == 4
+    assert V.pages_in_window(notifications, T0, T0 + 100) == [
+        VerdictPage(alertname="LoadlensTTFTP99High", severity="warning", receiver="ticket", status="firing",
+                    at=_iso(T0 + 70))
+    ]  # fmt: skip
