@@ -831,7 +831,7 @@ def test_generate_leaves_the_callers_request_unchanged() -> None:
 
 
 def test_a_lagging_loop_counts_late_steps_and_warns_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    """Every wake-up 30 ms late: each step is a late step, the lag gauge shows it while running and drops to 0
+    """Every wake-up 60 ms late: each step is a late step, the lag gauge shows it while running and drops to 0
     when idle, the warning is logged once (rate-limited), and TTFT is what the consumer saw."""
 
     async def body() -> None:
@@ -839,7 +839,7 @@ def test_a_lagging_loop_counts_late_steps_and_warns_once_per_interval(caplog: py
         real = engine._sleep_until
 
         async def late(when: float) -> None:
-            await real(max(when, time.monotonic()) + 0.03)
+            await real(max(when, time.monotonic()) + 0.06)
 
         engine._sleep_until = late  # type: ignore[method-assign]
         await engine.start()
@@ -849,7 +849,7 @@ def test_a_lagging_loop_counts_late_steps_and_warns_once_per_interval(caplog: py
         async for _ in stream:
             seen.append(time.monotonic())
             if len(seen) == 2:
-                assert sample(reg, "loadlens_sim_lag_seconds") >= 0.03
+                assert sample(reg, "loadlens_sim_lag_seconds") >= 0.06
         await until(lambda: sample(reg, "loadlens_sim_lag_seconds") == 0.0)
         await engine.stop()
         steps = sample(reg, "loadlens_sim_timing_error_seconds_count")
@@ -858,7 +858,7 @@ def test_a_lagging_loop_counts_late_steps_and_warns_once_per_interval(caplog: py
         ttft = sample(reg, "vllm:time_to_first_token_seconds_sum", **engine_labels())
         # Measured, not modeled (the modeled TTFT is ~1 ms): within 5 ms of when the consumer got the token.
         assert abs((seen[0] - req.arrival_time) - ttft) < 0.005
-        assert ttft > 0.03
+        assert ttft > 0.06
 
     with caplog.at_level("WARNING", logger="exporters.serving.engines.sim.engine"):
         run(body())
