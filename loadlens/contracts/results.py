@@ -303,6 +303,8 @@ class Verdict(_Model):
     status: Literal["pass", "fail", "unknown"]  # fail: some check failed; unknown: none could be judged
     headline: str  # one line: "FAIL: TTFT p99 (interactive) at c16/c32 above 200 ms; 2 pages"
     slos: list[SLOCheck] = Field(default_factory=list)
+    stages: dict[str, Literal["pass", "fail", "unknown"]] = Field(default_factory=dict)  # each measured stage
+    # and "overall", in run order: fail if one of its checks failed, pass if all judged ones passed
     alerts: list[VerdictAlert] = Field(default_factory=list)
     pages: list[VerdictPage] = Field(default_factory=list)
     window: VerdictWindow = Field(default_factory=VerdictWindow)

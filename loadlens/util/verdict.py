@@ -167,6 +167,18 @@ def slo_checks(result: BenchmarkResult, slos: SLOConfig) -> list[SLOCheck]:
     return checks
 
 
+def stage_status(checks: Sequence[SLOCheck]) -> dict[str, Any]:
+    """Each stage's (and overall's) status, in order: fail if a check failed, pass if every judged one passed."""
+    out: dict[str, Any] = {}
+    for c in checks:
+        was = out.setdefault(c.stage, "unknown")
+        if c.passed is False:
+            out[c.stage] = "fail"
+        elif c.passed is True and was == "unknown":
+            out[c.stage] = "pass"
+    return out
+
+
 def _value(x: float, unit: str) -> str:
     return f"{x:g} ms" if unit == "ms" else f"{x * 100:g} %"
 
@@ -266,6 +278,7 @@ def build_verdict(result: BenchmarkResult, slos: SLOConfig, observation: Observa
         status=status,  # type: ignore[arg-type]  # one of the three literals above
         headline=headline,
         slos=checks,
+        stages=stage_status(checks),
         alerts=obs.alerts,
         pages=obs.pages,
         window=obs.window,
@@ -454,16 +467,20 @@ def observe(
             while True:
                 t = now()
                 waiting: list[str] = []
+                unpaged: list[dict[str, str]] = []
                 for labels, state, active, for_s in _active(groups, start):
                     if state == "pending" and active + for_s + interval <= deadline:
                         waiting.append(f"{labels.get('alertname')} (pending)")
-                    elif state == "firing" and pager_url is not None:
-                        seen = first_firing.setdefault(_key(labels), t)
-                        if t - seen < PAGE_GRACE_S:
-                            if not notifications or not _paged(labels, notifications, start):
-                                notifications = _notifications(pager_url, timeout, obs)
-                            if not _paged(labels, notifications, start):
-                                waiting.append(f"{labels.get('alertname')} (not paged yet)")
+                    elif state == "firing" and t - first_firing.setdefault(_key(labels), t) < PAGE_GRACE_S:
+                        unpaged.append(labels)
+                if pager_url is not None and unpaged:
+                    if any(not _paged(labels, notifications, start) for labels in unpaged):
+                        notifications = _notifications(pager_url, timeout, obs)  # once per poll
+                    waiting += [
+                        f"{labels.get('alertname')} (not paged yet)"
+                        for labels in unpaged
+                        if not _paged(labels, notifications, start)
+                    ]
                 if (t >= earliest and not waiting) or t >= deadline:
                     break
                 if waiting and not told:
@@ -508,6 +525,8 @@ def verdict_text(verdict: Verdict) -> str:
     lines = [f"verdict: {verdict.headline}"]
     failed = [c for c in verdict.slos if c.passed is False]
     judged = sum(1 for c in verdict.slos if c.passed is not None)
+    stages = ", ".join(f"{name} {status.upper()}" for name, status in verdict.stages.items())
+    lines.append(f"  stages: {stages}")
     lines.append(f"  SLO checks: {judged - len(failed)} of {judged} passed" + (", failed:" if failed else ""))
     for c in failed:
         cls = c.priority_class or "all"

@@ -75,6 +75,7 @@ def test_a_passing_run_checks_every_slo_of_every_class_stage_and_overall() -> No
         ("c8", None, "error_ratio", "ratio", "<=", 0.001, 0.0, "ratio", True),
     ]  # fmt: skip
     assert {c.stage for c in v.slos} == {"c8", "overall"}  # the warmup is never judged
+    assert v.stages == {"c8": "pass", "overall": "pass"}
     assert v.window.start == "2027-01-15T08:00:00.000Z" and v.window.end_timestamp == T0 + 60
 
 
@@ -91,6 +92,7 @@ def test_a_breach_names_each_failed_slo_with_its_stages() -> None:
         "FAIL: TTFT p99 (interactive) at c16/c32 above 200 ms; goodput (interactive) at c16/c32 below 90 %; "
         "ITL p99 (batch) at c32 above 100 ms; error ratio at c32 above 0.1 %; alerts not checked"
     )
+    assert list(v.stages.items()) == [("c8", "pass"), ("c16", "fail"), ("c32", "fail"), ("overall", "fail")]
     failed = [(c.stage, c.priority_class, c.slo, c.observed) for c in v.slos if c.passed is False]
     assert failed == [
         ("c16", "interactive", "ttft", 450.0), ("c16", "interactive", "goodput", 0.316),
@@ -110,6 +112,7 @@ def test_one_class_leaves_the_class_out_of_the_headline_and_no_requests_is_unkno
     assert (v.status, v.headline) == ("unknown", "UNKNOWN: no SLO could be judged (no completed requests); "
                                       "alerts not checked")  # fmt: skip
     assert all(c.passed is None and c.observed is None for c in v.slos)
+    assert v.stages == {"c8": "unknown", "overall": "unknown"}
 
 
 def test_the_hot_swap_sla_is_judged_only_where_swaps_blocked_requests() -> None:
