@@ -24,6 +24,7 @@ import yaml
 # ProfileError is raised by everything here; callers import it from this module.
 from loadgen.profile_fields import ProfileError as ProfileError
 from loadgen.profile_fields import boolean, check_keys, integer, mapping, number, opt_number
+from loadlens.contracts.slo import PriorityClass, SLOConfig
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 SCHEMA_VERSION = 1
@@ -88,11 +89,27 @@ class Traffic:
     temperature: float
     images: Images
     prefix: Prefix | None
+    priority_class: str | None = None
+    """The SLO class named in the entry (``class``); None: the class of ``effective_priority``."""
 
     @property
     def effective_priority(self) -> int:
         """The priority the server applies (vLLM's default is 0 when the field is absent)."""
         return 0 if self.priority is None else self.priority
+
+    def slo_class(self, slos: SLOConfig) -> PriorityClass:
+        """The entry's SLO class: the one its ``class`` names, else the one its priority falls in. A class
+        given by name does not depend on what the server does with priorities (an FCFS server refuses
+        non-zero ones), so one mix can be judged under both policies."""
+        if self.priority_class is None:
+            return slos.class_for_priority(self.effective_priority)
+        for cls in slos.classes:
+            if cls.name == self.priority_class:
+                return cls
+        raise ProfileError(
+            f"traffic {self.name}.class: no SLO class {self.priority_class!r} in {slos.source}"
+            f" (classes: {', '.join(slos.class_names)})"
+        )
 
 
 @dataclass(frozen=True)
@@ -232,6 +249,7 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
         "temperature",
         "images",
         "prefix",
+        "class",
     }
     check_keys(section, allowed, where)
     endpoint = section.get("endpoint", "chat")
@@ -243,6 +261,9 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
     priority = section.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ProfileError(f"{where}.priority: must be an integer, got {priority!r}")
+    priority_class = section.get("class")
+    if priority_class is not None and (not isinstance(priority_class, str) or not _NAME.match(priority_class)):
+        raise ProfileError(f"{where}.class: must be an SLO class name, got {priority_class!r}")
     prompt = _prompt(section.get("prompt", {}), f"{where}.prompt", base)
     raw_out = section.get("output_tokens", 128)
     from_dataset = raw_out == "dataset"
@@ -282,6 +303,7 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
         temperature=float(temperature),
         images=images,
         prefix=prefix,
+        priority_class=priority_class,
     )
 
 

@@ -107,7 +107,7 @@ def class_shares(profile: Profile, slos: SLOConfig) -> dict[str, float]:
     total = sum(t.weight for t in profile.traffic)
     shares: dict[str, float] = {}
     for t in profile.traffic:
-        name = slos.class_for_priority(t.effective_priority).name
+        name = t.slo_class(slos).name
         shares[name] = shares.get(name, 0.0) + t.weight / total
     return shares
 
@@ -257,7 +257,7 @@ def build_result(
                     "endpoint": t.endpoint,
                     "model": t.model,
                     "priority": t.priority,
-                    "priority_class": slos.class_for_priority(t.effective_priority).name,
+                    "priority_class": t.slo_class(slos).name,
                     "images": t.images.count,
                 }
                 for t in profile.traffic

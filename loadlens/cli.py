@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "pager": "loadlens.pager.cli",
     "stack": "loadlens.stack.cli",
     "report": "loadlens.report.cli",
+    "experiment": "loadlens.experiment.cli",
 }
 
 
@@ -38,6 +39,7 @@ REQUIRES: dict[str, tuple[str, tuple[str, ...]]] = {
     "stack": ("serve", ("fastapi", "starlette", "uvicorn", "opentelemetry", "aiohttp")),
     "load": ("load", ("locust", "gevent", "geventhttpclient", "hdrh")),
     "report": ("report", ("matplotlib",)),
+    "experiment": ("load", ("locust", "gevent", "geventhttpclient", "hdrh")),
 }
 
 

@@ -47,9 +47,7 @@ class Role:
         self.seed: int = self.profile.seed if opts.seed < 0 else opts.seed
         self.slos: SLOConfig = load_slos(opts.slo_file or None)
         self.bounds = bucket_bounds(self.slos)
-        self.classes: dict[str, PriorityClass] = {
-            t.name: self.slos.class_for_priority(t.effective_priority) for t in self.profile.traffic
-        }
+        self.classes: dict[str, PriorityClass] = {t.name: t.slo_class(self.slos) for t in self.profile.traffic}
         self.stages = self.profile.stages
         self.target = Target(environment.host or DEFAULT_HOST)
         self.auth = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}

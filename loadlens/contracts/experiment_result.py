@@ -1,0 +1,193 @@
+"""``experiment_result.json`` as typed models: ``loadlens experiment`` validates what it writes against them and
+reads them back to resume; any reader parses with :func:`parse_experiment_result`. docs/experiments.md says
+what every key means.
+
+Unknown keys are refused, so a writer that adds a key without declaring it here (and in the docs) fails its
+tests. ``schema_version`` changes when a key's meaning changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA = "loadlens.experiment_result"
+SCHEMA_VERSION = 1
+EXPERIMENT_FILE = "experiment_result.json"
+
+Scalar = float | int | str | bool | None
+Param = float | int | str | bool | list[float | int | str | bool]
+
+
+class ExperimentResultError(ValueError):
+    """The document is not a loadlens experiment result of this schema (the message names the key)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Stat(_Model):
+    """One figure over a trial's repeats: mean, sample standard deviation (``None`` below 2 values), extremes
+    and the per-repeat values (``None`` where a repeat had no such figure)."""
+
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    n: int = 0
+    values: list[float | None] = Field(default_factory=list)
+
+
+class ServerSample(_Model):
+    """What the runner read from the server's ``/metrics`` over a run's measured (non-warmup) stages."""
+
+    samples: int = 0
+    mean_running: float | None = None
+    peak_running: float | None = None
+    mean_waiting: float | None = None
+    peak_waiting: float | None = None
+    preemptions: float | None = None
+    errors: list[str] = Field(default_factory=list)
+
+
+class TrialRun(_Model):
+    """One repeat of one trial: one ``loadlens load`` run."""
+
+    repeat: int
+    run_id: str
+    result_path: str
+    """``benchmark_result.json`` of the run, relative to the experiment directory."""
+    log_path: str
+    exit_code: int
+    completed: bool
+    start_timestamp: float
+    end_timestamp: float
+    duration_s: float
+    figures: dict[str, float | None] = Field(default_factory=dict)
+    server: ServerSample = Field(default_factory=ServerSample)
+    verdict_status: str | None = None
+    verdict_headline: str | None = None
+    error: str | None = None
+
+
+class Trial(_Model):
+    """One server configuration plus one load profile, run ``repeats`` times."""
+
+    index: int
+    name: str
+    params: dict[str, Scalar] = Field(default_factory=dict)
+    """The swept values, by the sweep's label (``window: 100``)."""
+    knobs: dict[str, Scalar] = Field(default_factory=dict)
+    """The server configuration applied (knob name -> value)."""
+    profile: str
+    target: str | None = None
+    """The base URL the trial's load went to."""
+    status: Literal["pending", "done", "failed"] = "pending"
+    error: str | None = None
+    runs: list[TrialRun] = Field(default_factory=list)
+    figures: dict[str, Stat] = Field(default_factory=dict)
+
+
+class Column(_Model):
+    key: str
+    label: str
+    unit: str = ""
+
+
+class Table(_Model):
+    name: str
+    title: str
+    columns: list[Column]
+    rows: list[dict[str, Scalar]] = Field(default_factory=list)
+
+
+class Fit(_Model):
+    """A model fitted to one figure over one swept parameter."""
+
+    name: str
+    formula: str
+    x: str
+    y: str
+    params: dict[str, float] = Field(default_factory=dict)
+    r2: float | None = None
+    points: int = 0
+    x_min: float | None = None
+    x_max: float | None = None
+    optimum_x: float | None = None
+    optimum_y: float | None = None
+    interior: bool | None = None
+    """True when the fitted minimum lies strictly inside the swept range."""
+    curve: list[tuple[float, float]] = Field(default_factory=list)
+    error: str | None = None
+
+
+class Finding(_Model):
+    """One check of the analysis against what the procedure expects."""
+
+    name: str
+    passed: bool | None
+    detail: str
+
+
+class Plot(_Model):
+    name: str
+    title: str
+    x: str
+    x_label: str
+    y: list[str]
+    y_label: str
+    fit: str | None = None
+    log_x: bool = False
+
+
+class ExperimentInfo(_Model):
+    name: str
+    description: str = ""
+    source: str
+    sha256: str
+    parameters: dict[str, Param] = Field(default_factory=dict)
+    repeats: int
+    time_scale: float
+    users_scale: float
+    analysis: str
+
+
+class ServerInfo(_Model):
+    mode: Literal["sim", "admin", "command", "urls"]
+    target: str | None = None
+    command: str | None = None
+    sim_argv: list[str] = Field(default_factory=list)
+
+
+class ExperimentResult(_Model):
+    schema_: str = Field(default=SCHEMA, alias="schema", pattern=f"^{SCHEMA}$")
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=SCHEMA_VERSION, le=SCHEMA_VERSION)
+    run_id: str
+    experiment: ExperimentInfo
+    server: ServerInfo
+    start_time: str
+    end_time: str | None = None
+    completed: bool = False
+    interrupted: bool = False
+    trials: list[Trial]
+    tables: list[Table] = Field(default_factory=list)
+    fits: list[Fit] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+    plots: list[Plot] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def parse_experiment_result(doc: Any, source: str = "<memory>") -> ExperimentResult:
+    """Validate ``doc``; :class:`ExperimentResultError` names the first bad key."""
+    try:
+        return ExperimentResult.model_validate(doc)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(document)"
+        raise ExperimentResultError(f"{source}: {where}: {first['msg']}") from err

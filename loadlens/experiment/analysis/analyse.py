@@ -1,0 +1,282 @@
+"""The analysis step: from the trials' figures (means over repeats) to the guide's table shapes, fits and
+findings. One function per ``analysis.kind``; docs/experiments.md defines every column.
+
+Usage::
+
+    result = analyse(spec.analysis, slos)(result)   # fills result.tables, .fits, .findings, .plots
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from loadlens.contracts.experiment_result import Column, ExperimentResult, Finding, Fit, Plot, Scalar, Table, Trial
+from loadlens.contracts.slo import SLOConfig
+from loadlens.experiment.analysis.fits import FORMULA, FitError, fit_u_curve
+from loadlens.experiment.models import Analysis
+
+PERCENTILE_KEY = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99", 0.999: "p99.9"}
+BENCHMARK_COLUMNS = ["mean_ttft_ms", "output_throughput", "server.peak_vram_gib", "p99_e2el_ms"]
+LABELS: dict[str, tuple[str, str]] = {
+    "mean_ttft_ms": ("mean TTFT", "ms"),
+    "p99_ttft_ms": ("TTFT p99", "ms"),
+    "p99_e2el_ms": ("E2E p99", "ms"),
+    "p95_e2el_ms": ("E2E p95", "ms"),
+    "output_throughput": ("output throughput", "tok/s"),
+    "request_throughput": ("throughput", "req/s"),
+    "server.peak_vram_gib": ("VRAM peak", "GiB"),
+    "sampled.mean_running": ("mean running", "requests"),
+    "sampled.peak_running": ("peak running", "requests"),
+    "sampled.mean_waiting": ("mean waiting", "requests"),
+    "jain_fairness_index": ("Jain index", ""),
+    "error_ratio": ("error ratio", ""),
+}
+
+
+def _mean(trial: Trial, key: str) -> float | None:
+    stat = trial.figures.get(key)
+    return None if stat is None else stat.mean
+
+
+def _std(trial: Trial, key: str) -> float | None:
+    stat = trial.figures.get(key)
+    return None if stat is None else stat.std
+
+
+def _col(key: str) -> Column:
+    label, unit = LABELS.get(key, (key, ""))
+    return Column(key=key, label=label, unit=unit)
+
+
+def _done(result: ExperimentResult) -> list[Trial]:
+    return [t for t in result.trials if t.status == "done"]
+
+
+def table_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) -> None:
+    keys = spec.columns or BENCHMARK_COLUMNS
+    rows = [{"trial": t.name, **{k: _mean(t, k) for k in keys}} for t in _done(result)]
+    result.tables = [
+        Table(
+            name="summary",
+            title="per trial (means over repeats)",
+            columns=[Column(key="trial", label="config"), *(_col(k) for k in keys)],
+            rows=rows,
+        )  # fmt: skip
+    ]
+
+
+def u_curve_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) -> None:
+    assert spec.x is not None
+    trials = [t for t in _done(result) if isinstance(t.params.get(spec.x), int | float)]
+    points = [(float(t.params[spec.x]), _mean(t, spec.y)) for t in trials]  # type: ignore[arg-type]
+    xs = [x for x, y in points if y is not None]
+    ys = [y for _, y in points if y is not None]
+    fit = Fit(name="u_curve", formula=FORMULA, x=spec.x, y=spec.y, points=len(xs))
+    try:
+        f = fit_u_curve(xs, ys)
+    except FitError as err:
+        fit.error = str(err)
+        f = None
+    if f is not None:
+        fit.params = {"a": f.a, "b": f.b, "p": f.p, "c": f.c, "q": f.q}
+        fit.r2, fit.x_min, fit.x_max = f.r2, f.x_min, f.x_max
+        fit.optimum_x, fit.optimum_y, fit.interior = f.optimum_x, f.optimum_y, f.interior
+        fit.curve = f.curve()
+    rows: list[dict[str, Scalar]] = []
+    for t in trials:
+        x = float(t.params[spec.x])  # type: ignore[arg-type]
+        rows.append({
+            spec.x: x,
+            spec.y: _mean(t, spec.y),
+            f"{spec.y}_std": _std(t, spec.y),
+            "fit": f.predict(x) if f is not None else None,
+            spec.throughput: _mean(t, spec.throughput),
+        })  # fmt: skip
+    ylabel, yunit = LABELS.get(spec.y, (spec.y, ""))
+    result.tables = [
+        Table(
+            name="sweep",
+            title=f"{ylabel} and throughput per {spec.x}",
+            columns=[
+                Column(key=spec.x, label=spec.x),
+                _col(spec.y),
+                Column(key=f"{spec.y}_std", label=f"{ylabel} std over repeats", unit=yunit),
+                Column(key="fit", label=f"fit {FORMULA}", unit=yunit),
+                _col(spec.throughput),
+            ],
+            rows=rows,
+        )
+    ]
+    result.fits = [fit]
+    result.plots = [
+        Plot(
+            name="u_curve",
+            title=f"{ylabel} vs {spec.x}",
+            x=spec.x,
+            x_label=spec.x,
+            y=[spec.y],
+            y_label=f"{ylabel} ({yunit})",
+            fit="u_curve",
+            log_x=True,
+        ),  # fmt: skip
+        Plot(
+            name="throughput",
+            title=f"throughput vs {spec.x}",
+            x=spec.x,
+            x_label=spec.x,
+            y=[spec.throughput],
+            y_label=" ".join(LABELS.get(spec.throughput, (spec.throughput, ""))),
+            log_x=True,
+        ),  # fmt: skip
+    ]
+    if f is None:
+        result.findings = [Finding(name="fit", passed=None, detail=f"no fit: {fit.error}")]
+        return
+    result.findings = [
+        Finding(name="fit_r2", passed=f.r2 >= spec.min_r2, detail=f"R² = {f.r2:.4f} (bound {spec.min_r2})"),
+        Finding(
+            name="optimum_inside_range",
+            passed=f.interior if f.r2 >= spec.min_r2 else None,
+            detail=(
+                f"fitted minimum {f.optimum_y:.2f} at {spec.x} = {f.optimum_x:.4g}, inside [{f.x_min:g}, {f.x_max:g}]"
+                if f.interior and f.r2 >= spec.min_r2
+                else f"not judged: the fit's R² {f.r2:.3f} is below {spec.min_r2}"
+                if f.r2 < spec.min_r2
+                else f"no interior minimum: the fit is monotone over [{f.x_min:g}, {f.x_max:g}] "
+                f"(best end {spec.x} = {f.optimum_x:g}: {f.optimum_y:.2f})"
+            ),
+        ),
+    ]
+
+
+def slack_ratio(trial: Trial, cls_name: str, slos: SLOConfig) -> float | None:
+    """Allowed delay / actual delay of a class: its TTFT threshold over its TTFT at the class objective's
+    percentile (p99 for objective 0.99). > 1: within the SLO with room; < 1: late."""
+    cls = next((c for c in slos.classes if c.name == cls_name), None)
+    if cls is None:
+        return None
+    observed = _mean(trial, f"{cls_name}.{PERCENTILE_KEY.get(cls.objective_ratio, 'p99')}_ttft_ms")
+    return None if not observed else cls.ttft_seconds * 1000.0 / observed
+
+
+def fairness_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) -> None:
+    inter, batch = spec.interactive_class, spec.batch_class
+    rows = []
+    for t in _done(result):
+        s_i, s_b = slack_ratio(t, inter, slos), slack_ratio(t, batch, slos)
+        rows.append({
+            "policy": str(t.params.get("policy", t.name)),
+            f"{inter}.p95_e2el_ms": _mean(t, f"{inter}.p95_e2el_ms"),
+            f"{inter}.p95_ttft_ms": _mean(t, f"{inter}.p95_ttft_ms"),
+            f"{batch}.request_throughput": _mean(t, f"{batch}.request_throughput"),
+            f"{batch}.output_throughput": _mean(t, f"{batch}.output_throughput"),
+            "jain_fairness_index": _mean(t, "jain_fairness_index"),
+            f"slack.{inter}": s_i,
+            f"slack.{batch}": s_b,
+            "slack.min": min(s_i, s_b) if s_i is not None and s_b is not None else None,
+        })  # fmt: skip
+    cols = [
+        Column(key="policy", label="policy"),
+        Column(key=f"{inter}.p95_e2el_ms", label=f"{inter} P95 E2E", unit="ms"),
+        Column(key=f"{inter}.p95_ttft_ms", label=f"{inter} P95 TTFT", unit="ms"),
+        Column(key=f"{batch}.request_throughput", label=f"{batch} throughput", unit="req/s"),
+        Column(key=f"{batch}.output_throughput", label=f"{batch} output", unit="tok/s"),
+        Column(key="jain_fairness_index", label="Jain index"),
+        Column(key=f"slack.{inter}", label=f"slack {inter}"),
+        Column(key=f"slack.{batch}", label=f"slack {batch}"),
+        Column(key="slack.min", label="slack min"),
+    ]
+    result.tables = [Table(name="fairness", title="FCFS vs priority (means over repeats)", columns=cols, rows=rows)]
+    by_policy = {r["policy"]: r for r in rows}
+    fcfs, prio = by_policy.get("fcfs"), by_policy.get("priority")
+    key = f"{inter}.p95_e2el_ms"
+    if fcfs is None or prio is None or fcfs[key] is None or prio[key] is None:
+        result.findings = [
+            Finding(name="priority_beats_fcfs", passed=None, detail="needs a done fcfs and priority trial")
+        ]
+        return
+    a, b = float(prio[key]), float(fcfs[key])  # type: ignore[arg-type]
+    result.findings = [
+        Finding(
+            name="priority_beats_fcfs",
+            passed=a < b,
+            detail=f"{inter} P95 E2E {a:.1f} ms under priority vs {b:.1f} ms under fcfs ({(a - b) / b * 100:+.1f} %)",
+        )
+    ]
+
+
+def token_budget_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) -> None:
+    trials = _done(result)
+    rows: list[dict[str, Any]] = []
+    for t in trials:
+        rows.append({
+            "max_num_seqs": t.params.get("max_num_seqs", t.knobs.get("max_num_seqs")),
+            "max_num_batched_tokens": t.params.get("max_num_batched_tokens", t.knobs.get("max_num_batched_tokens")),
+            "sampled.mean_running": _mean(t, "sampled.mean_running"),
+            "sampled.mean_waiting": _mean(t, "sampled.mean_waiting"),
+            "output_throughput": _mean(t, "output_throughput"),
+            "mean_ttft_ms": _mean(t, "mean_ttft_ms"),
+            "p99_ttft_ms": _mean(t, "p99_ttft_ms"),
+        })  # fmt: skip
+    # The token budget binds where the effective concurrency falls below what max_num_seqs alone gives
+    # (the same max_num_seqs at the largest budget) by more than 10 %.
+    reference: dict[object, float] = {}
+    for r in sorted(rows, key=lambda r: float(r["max_num_batched_tokens"] or 0)):
+        if r["sampled.mean_running"] is not None:
+            reference[r["max_num_seqs"]] = float(r["sampled.mean_running"])
+    for r in rows:
+        ref, run = reference.get(r["max_num_seqs"]), r["sampled.mean_running"]
+        r["budget_binds"] = None if ref is None or run is None else float(run) < 0.9 * ref
+    cols = [
+        Column(key="max_num_seqs", label="max_num_seqs"),
+        Column(key="max_num_batched_tokens", label="max_num_batched_tokens"),
+        *(_col(k) for k in ("sampled.mean_running", "sampled.mean_waiting", "output_throughput", "mean_ttft_ms")),
+        _col("p99_ttft_ms"),
+        Column(key="budget_binds", label="token budget binds"),
+    ]
+    result.tables = [Table(name="grid", title="max_num_seqs x max_num_batched_tokens", columns=cols, rows=rows)]
+    result.plots = [
+        Plot(name="concurrency", title="effective concurrency vs token budget", x="max_num_batched_tokens",
+             x_label="max_num_batched_tokens", y=["sampled.mean_running"], y_label="mean running requests", log_x=True),
+    ]  # fmt: skip
+    bound = [r for r in rows if r["budget_binds"]]
+    result.findings = [
+        Finding(
+            name="token_budget_binds",
+            passed=bool(bound),
+            detail=(
+                "the budget cuts concurrency at "
+                + ", ".join(
+                    f"max_num_seqs={r['max_num_seqs']}/tokens={r['max_num_batched_tokens']}"
+                    f" ({r['sampled.mean_running']:.1f} running)"
+                    for r in bound
+                )  # fmt: skip
+                if bound
+                else "no grid point where the budget lowers mean running by more than 10 %"
+            ),
+        )
+    ]
+
+
+KINDS: dict[str, Callable[[Analysis, ExperimentResult, SLOConfig], None]] = {
+    "table": table_analysis,
+    "u_curve": u_curve_analysis,
+    "fairness": fairness_analysis,
+    "token_budget": token_budget_analysis,
+}
+
+
+def analyse(spec: Analysis, slos: SLOConfig) -> Callable[[ExperimentResult], ExperimentResult]:
+    """The analysis of ``spec.kind``; its figure names may be ``{PARAM}`` templates (``y: "{metric}"``),
+    filled from the result's parameters."""
+
+    def run(result: ExperimentResult) -> ExperimentResult:
+        params = {k: v for k, v in result.experiment.parameters.items() if not isinstance(v, list)}
+        filled = spec.model_copy(
+            update={k: str(getattr(spec, k)).format(**params) for k in ("x", "y", "throughput") if getattr(spec, k)}
+        )
+        KINDS[spec.kind](filled, result, slos)
+        return result
+
+    return run

@@ -1,0 +1,305 @@
+"""An experiment as data: the YAML document's typed model, its validation and its expansion into trials.
+
+Usage::
+
+    spec = load_experiment("batching-window")              # packaged name, or a path
+    spec = spec.with_parameters({"window_knob": "my_knob"})  # --param overrides
+    for trial in expand_trials(spec): ...
+
+Every problem raises :class:`ExperimentError` whose message names the file and the field
+(``batching-window.yaml: trials.0.sweep.window.values: must not be empty``), before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PACKAGED = Path(__file__).with_name("experiments")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,62}$")
+
+Scalar = float | int | str | bool
+Param = Scalar | list[Scalar]
+
+
+class ExperimentError(ValueError):
+    """A broken experiment file or parameter; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SimServer(_Model):
+    """How ``loadlens experiment`` starts the sim when no ``--host`` is given."""
+
+    model_profile: str = "tiny"
+    gpu_profile: str = "h100-sxm"
+    speed: float = Field(default=1.0, gt=0)
+    seed: int = 0
+    knobs: dict[str, Scalar] = Field(default_factory=dict)
+
+
+class Warmup(_Model):
+    """Prepended to every trial's profile as a warmup stage (excluded from the figures), unless the profile
+    has a warmup stage of its own."""
+
+    users: int = Field(default=2, ge=1)
+    until_requests: int = Field(default=10, ge=1)
+    max_duration: float = Field(default=30.0, gt=0)
+
+
+class SweepAxis(_Model):
+    """One swept dimension: a server knob or a profile variable, and its values."""
+
+    knob: str | None = None
+    var: str | None = None
+    values: list[Scalar] | str
+    """The values, or ``"${PARAM}"``: a list parameter (``--param windows=10,25,50``)."""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> SweepAxis:
+        if (self.knob is None) == (self.var is None):
+            raise ValueError("give exactly one of knob, var")
+        if isinstance(self.values, str) and not (self.values.startswith("${") and self.values.endswith("}")):
+            raise ValueError(f"values: a list or '${{PARAM}}', got {self.values!r}")
+        if not self.values:
+            raise ValueError("values must not be empty")
+        return self
+
+
+class TrialSpec(_Model):
+    """A trial, or with ``sweep`` the cartesian product of the axes' values (one trial per combination)."""
+
+    name: str
+    profile: str
+    knobs: dict[str, Scalar] = Field(default_factory=dict)
+    vars: dict[str, Scalar] = Field(default_factory=dict)
+    sweep: dict[str, SweepAxis] = Field(default_factory=dict)
+    host: str | None = None
+    """This trial's server URL (per-trial URL mode); knobs are then applied there through its admin API."""
+    label: dict[str, Scalar] = Field(default_factory=dict)
+    """Extra parameters recorded for the analysis (``policy: fcfs``)."""
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # `max_num_seqs: [8, 16]` is `max_num_seqs: {knob: max_num_seqs, values: [8, 16]}`
+        if isinstance(value, dict):
+            return {k: ({"knob": k, "values": v} if isinstance(v, list) else v) for k, v in value.items()}
+        return value
+
+
+class Analysis(_Model):
+    kind: Literal["table", "u_curve", "fairness", "token_budget"]
+    x: str | None = None
+    """The swept parameter on the x axis (u_curve)."""
+    y: str = "p99_e2el_ms"
+    throughput: str = "request_throughput"
+    min_r2: float = Field(default=0.8, ge=0, le=1)
+    interactive_class: str = "interactive"
+    batch_class: str = "batch"
+    columns: list[str] = Field(default_factory=list)
+    """table: the figures shown per trial (default: the guide's benchmark table)."""
+
+
+class ExperimentSpec(_Model):
+    version: Literal[1]
+    name: str
+    description: str = ""
+    sim: SimServer = Field(default_factory=lambda: SimServer())
+    parameters: dict[str, Param] = Field(default_factory=dict)
+    repeats: int = Field(default=1, ge=1, le=100)
+    warmup: Warmup | None = Field(default_factory=lambda: Warmup())
+    profiles: dict[str, dict[str, Any] | str]
+    """Inline load profiles (the documents ``loadlens load --profile`` reads), or a packaged profile name/path."""
+    trials: list[TrialSpec] = Field(min_length=1)
+    analysis: Analysis
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"must match {NAME_RE.pattern}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _references(self) -> ExperimentSpec:
+        for i, t in enumerate(self.trials):
+            if t.profile not in self.profiles:
+                raise ValueError(f"trials.{i}.profile: no profile {t.profile!r} (have {sorted(self.profiles)})")
+        if self.analysis.kind == "u_curve":
+            axes = {label for t in self.trials for label in t.sweep}
+            if self.analysis.x not in axes:
+                raise ValueError(f"analysis.x: must name a sweep axis ({sorted(axes)}), got {self.analysis.x!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One trial after expansion: every template filled in."""
+
+    index: int
+    name: str
+    profile: str
+    knobs: dict[str, Scalar]
+    vars: dict[str, Scalar]
+    params: dict[str, Scalar]
+    host: str | None
+
+
+@dataclass(frozen=True)
+class Experiment:
+    spec: ExperimentSpec
+    source: Path
+    sha256: str
+
+    def with_parameters(self, overrides: dict[str, str]) -> Experiment:
+        params = dict(self.spec.parameters)
+        for key, raw in overrides.items():
+            if key not in params:
+                raise ExperimentError(f"--param {key}: the experiment has no parameter {key!r} (has {sorted(params)})")
+            params[key] = coerce(raw, params[key])
+        return Experiment(self.spec.model_copy(update={"parameters": params}), self.source, self.sha256)
+
+
+def coerce(raw: str, like: Param) -> Param:
+    """``raw`` (a command-line string) as the type of ``like``; a list parameter takes comma-separated
+    items, each typed like the list's first item."""
+    if isinstance(like, list):
+        items = [item.strip() for item in raw.split(",") if item.strip()]
+        if not items:
+            raise ExperimentError(f"--param: {raw!r}: give at least one comma-separated value")
+        first = like[0] if like else ""
+        return [coerce(item, first) for item in items]  # type: ignore[misc]
+    try:
+        if isinstance(like, bool):
+            if raw.lower() not in ("true", "false"):
+                raise ValueError
+            return raw.lower() == "true"
+        if isinstance(like, int):
+            return int(raw)
+        if isinstance(like, float):
+            return float(raw)
+    except ValueError:
+        raise ExperimentError(f"--param: {raw!r} is not a {type(like).__name__}") from None
+    return raw
+
+
+def _fill(template: str, values: dict[str, Param], where: str) -> str:
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ExperimentError(f"{where}: cannot fill {template!r}: unknown field {err}") from None
+
+
+def template_fields(template: str) -> list[str]:
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f]
+
+
+def expand_trials(exp: Experiment) -> list[PlannedTrial]:
+    """Every trial in order: sweeps expanded (first axis slowest), names and knob names filled from the
+    parameters and swept values. Raises :class:`ExperimentError` on duplicate or unsafe names."""
+    spec, params = exp.spec, exp.spec.parameters
+    out: list[PlannedTrial] = []
+    src = exp.source.name
+    for i, t in enumerate(spec.trials):
+        where = f"{src}: trials.{i}"
+        labels = list(t.sweep)
+        axes = [_axis_values(t.sweep[k], params, f"{where}.sweep.{k}.values") for k in labels]
+        combos = list(itertools.product(*axes)) if labels else [()]
+        for combo in combos:
+            swept = dict(zip(labels, combo, strict=True))
+            scope = {**params, **t.label, **swept}
+            knobs = {_fill(k, params, f"{where}.knobs"): v for k, v in t.knobs.items()}
+            tvars = dict(t.vars)
+            for label, value in swept.items():
+                axis = t.sweep[label]
+                if axis.knob is not None:
+                    knobs[_fill(axis.knob, params, f"{where}.sweep.{label}.knob")] = value
+                else:
+                    assert axis.var is not None
+                    tvars[axis.var] = value
+            name = _fill(t.name, scope, f"{where}.name")
+            if not NAME_RE.match(name):
+                raise ExperimentError(f"{where}.name: {name!r} is not a safe directory name ({NAME_RE.pattern})")
+            host = _fill(t.host, scope, f"{where}.host") if t.host else None
+            out.append(PlannedTrial(len(out), name, t.profile, knobs, tvars, {**t.label, **swept}, host))
+    names = [p.name for p in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ExperimentError(f"{src}: trials: duplicate trial names {dupes} (put the swept labels in the name)")
+    return out
+
+
+def _axis_values(axis: SweepAxis, params: dict[str, Param], where: str) -> list[Scalar]:
+    if isinstance(axis.values, list):
+        return axis.values
+    key = axis.values[2:-1]
+    value = params.get(key)
+    if not isinstance(value, list) or not value:
+        raise ExperimentError(f"{where}: {axis.values} must name a non-empty list parameter, got {value!r}")
+    return value
+
+
+def available_experiments() -> list[str]:
+    return sorted(p.stem for p in PACKAGED.glob("*.yaml"))
+
+
+def resolve_experiment_path(name_or_path: str) -> Path:
+    packaged = PACKAGED / f"{name_or_path}.yaml"
+    if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")) and packaged.is_file():
+        return packaged
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ExperimentError(
+            f"experiment {name_or_path!r}: no such packaged experiment ({', '.join(available_experiments())}) or file"
+        )
+    return path
+
+
+def parse_experiment(doc: Any, source: Path) -> Experiment:
+    text_hash = hashlib.sha256(source.read_bytes()).hexdigest() if source.is_file() else ""
+    if not isinstance(doc, dict):
+        raise ExperimentError(f"{source.name}: must be a mapping, got {type(doc).__name__}")
+    try:
+        spec = ExperimentSpec.model_validate(doc)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
+        raise ExperimentError(f"{source.name}: {where + ': ' if where else ''}{msg}") from None
+    exp = Experiment(spec, source, text_hash)
+    expand_trials(exp)  # names, templates
+    return exp
+
+
+def load_experiment(name_or_path: str) -> Experiment:
+    path = resolve_experiment_path(name_or_path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{path.name}: not valid YAML: {err}") from None
+    return parse_experiment(doc, path)
+
+
+def substitute(doc: Any, values: dict[str, Param]) -> Any:
+    """``doc`` with every string ``"${name}"`` replaced by ``values[name]`` (typed), recursively."""
+    if isinstance(doc, dict):
+        return {k: substitute(v, values) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [substitute(v, values) for v in doc]
+    if isinstance(doc, str) and doc.startswith("${") and doc.endswith("}"):
+        key = doc[2:-1]
+        if key not in values:
+            raise ExperimentError(f"profile variable {doc} has no value (trial vars: {sorted(values)})")
+        return values[key]
+    return doc

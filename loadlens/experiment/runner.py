@@ -1,0 +1,430 @@
+"""Runs an experiment: each trial's server configuration, then its load (``loadlens load`` as a child process,
+one per repeat), the server's gauges sampled meanwhile, the figures read back from ``benchmark_result.json``;
+after every run ``experiment_result.json`` is rewritten, so an interrupted experiment keeps its finished
+trials and ``--resume`` continues with the first unfinished one.
+
+Layout of an experiment directory (``RESULTS/experiments/RUN_ID/``)::
+
+    experiment_result.json          the typed result (loadlens.contracts.experiment_result)
+    experiment.yaml                 the experiment as it ran (parameters filled in)
+    report.html                     tables and plots
+    profiles/PROFILE.yaml           each trial profile as given to loadlens load (warmup prepended, vars filled)
+    trials/TRIAL/rK/benchmark_result.json, load.log
+    server.log                      the sim's log (sim mode)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadlens.contracts.experiment_result import (
+    EXPERIMENT_FILE,
+    SCHEMA,
+    ExperimentInfo,
+    ExperimentResult,
+    ServerInfo,
+    Stat,
+    Trial,
+    TrialRun,
+    parse_experiment_result,
+)
+from loadlens.experiment.models import Experiment, ExperimentError, PlannedTrial, substitute
+from loadlens.experiment.sampler import ServerSampler
+from loadlens.experiment.servers import ServerControl, ServerError
+
+RESULT_FILE = "benchmark_result.json"
+
+
+@dataclass
+class RunOptions:
+    directory: Path
+    run_id: str
+    repeats: int
+    time_scale: float = 1.0
+    users_scale: float = 1.0
+    prometheus: str | None = None
+    slo_file: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    resume: bool = False
+    sample_interval: float = 0.25
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _load_argv(profile: Path, host: str, out_dir: Path, run_id: str, opts: RunOptions, dry: bool) -> list[str]:
+    argv = [sys.executable, "-m", "loadlens.cli", "load", "--profile", str(profile), "--host", host, "--headless"]
+    argv += ["--results", str(out_dir), "--run-id", run_id, "--metrics-port", "0", "--progress-interval", "0"]
+    argv += ["--time-scale", repr(opts.time_scale), "--users-scale", repr(opts.users_scale)]
+    if opts.prometheus:
+        argv += ["--prometheus", opts.prometheus]
+    if opts.slo_file:
+        argv += ["--slo-file", opts.slo_file]
+    if opts.model:
+        argv += ["--model", opts.model]
+    if dry:
+        argv.append("--dry-run")
+    return argv
+
+
+def trial_profile(exp: Experiment, trial: PlannedTrial, base: Path) -> dict[str, Any] | str:
+    """The profile document a trial runs: vars filled in and the experiment's warmup prepended (unless the
+    profile has a warmup stage); a named packaged profile stays a name."""
+    raw = exp.spec.profiles[trial.profile]
+    if isinstance(raw, str):
+        return raw
+    doc: dict[str, Any] = substitute(raw, {**exp.spec.parameters, **trial.vars})
+    stages = doc.get("stages")
+    warm = exp.spec.warmup
+    if (
+        warm is not None
+        and isinstance(stages, list)
+        and not any(isinstance(s, dict) and s.get("warmup") for s in stages)
+    ):
+        doc = {**doc, "stages": [{"name": "warmup", "warmup": True, **warm.model_dump()}, *stages]}
+    return doc
+
+
+def planned_seconds(doc: dict[str, Any] | str, time_scale: float) -> float | None:
+    """A trial's planned length (durations, and max_duration for request-count stages as an upper bound)."""
+    if isinstance(doc, str):
+        return None
+    total = 0.0
+    for s in doc.get("stages", []):
+        if not isinstance(s, dict):
+            return None
+        if "spikes" in s and isinstance(s["spikes"], dict):
+            sp = s["spikes"]
+            total += sp.get("count", 1) * sp.get("duration", 0) + (sp.get("count", 1) + 1) * sp.get("baseline", 0)
+        elif "duration" in s:
+            total += float(s["duration"])
+        else:
+            total += min(float(s.get("max_duration", 600)), 30.0)
+    return total * time_scale + 4.0  # start-up of loadlens load and Locust
+
+
+def extract_figures(doc: dict[str, Any]) -> dict[str, float | None]:
+    """A run's figures by key: ``overall``'s numbers, ``CLASS.KEY`` per class, derived ratios and
+    ``server.KEY`` (with --prometheus: peaks are the maximum over measured stages, the rest their mean)."""
+    out: dict[str, float | None] = {}
+    overall = doc.get("overall", {})
+    for key, value in overall.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = float(value)
+        elif value is None and key not in ("classes", "models", "stages"):
+            out[key] = None
+    for cls, figs in (overall.get("classes") or {}).items():
+        for key, value in figs.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[f"{cls}.{key}"] = float(value)
+    done, failed = out.get("completed") or 0.0, out.get("failed") or 0.0
+    outcomes = overall.get("outcomes") or {}
+    attempts = done + failed
+    out["error_ratio"] = failed / attempts if attempts else None
+    out["rate_limited_ratio"] = outcomes.get("rate_limited", 0) / attempts if attempts else None
+    out["server_error_ratio"] = outcomes.get("server_error", 0) / attempts if attempts else None
+    measured = [s for s in doc.get("stages", []) if not s.get("warmup") and isinstance(s.get("server"), dict)]
+    keys = {k for s in measured for k, v in s["server"].items() if isinstance(v, int | float)}
+    for key in sorted(keys):
+        values = [float(s["server"][key]) for s in measured if isinstance(s["server"].get(key), int | float)]
+        out[f"server.{key}"] = max(values) if key.startswith("peak") or "_peak_" in key else sum(values) / len(values)
+    return out
+
+
+def measured_windows(doc: dict[str, Any]) -> list[tuple[float, float]]:
+    return [
+        (float(s["start_timestamp"]), float(s["end_timestamp"]))
+        for s in doc.get("stages", [])
+        if not s.get("warmup") and s.get("start_timestamp") is not None and s.get("end_timestamp") is not None
+    ]
+
+
+def aggregate(runs: list[TrialRun]) -> dict[str, Stat]:
+    """Each figure over the completed runs of a trial (sample std over ≥ 2 values)."""
+    good = [r for r in runs if r.error is None]
+    merged: list[dict[str, float | None]] = []
+    for r in good:
+        figs = dict(r.figures)
+        for key in ("mean_running", "peak_running", "mean_waiting", "peak_waiting", "preemptions"):
+            figs[f"sampled.{key}"] = getattr(r.server, key)
+        merged.append(figs)
+    keys = sorted({k for f in merged for k in f})
+    stats: dict[str, Stat] = {}
+    for key in keys:
+        values = [f.get(key) for f in merged]
+        nums = [v for v in values if v is not None and math.isfinite(v)]
+        stats[key] = Stat(
+            mean=statistics.fmean(nums) if nums else None,
+            std=statistics.stdev(nums) if len(nums) >= 2 else None,
+            min=min(nums) if nums else None,
+            max=max(nums) if nums else None,
+            n=len(nums),
+            values=values,
+        )
+    return stats
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a trial: the experiment stops after writing what finished."""
+
+
+class ExperimentRunner:
+    def __init__(
+        self,
+        exp: Experiment,
+        trials: list[PlannedTrial],
+        server: ServerControl,
+        opts: RunOptions,
+        *,
+        analyse: Callable[[ExperimentResult], ExperimentResult],
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.exp = exp
+        self.trials = trials
+        self.server = server
+        self.opts = opts
+        self.analyse = analyse
+        self.say = say
+        self.dir = opts.directory
+        self.profiles: dict[str, Path] = {}
+        self.result: ExperimentResult | None = None
+        self._finished: list[tuple[PlannedTrial, int]] = []
+
+    # --- before anything runs -----------------------------------------------------------------------------
+
+    def _fingerprint(self) -> str:
+        body = json.dumps(
+            {"sha256": self.exp.sha256, "parameters": self.exp.spec.parameters, "repeats": self.opts.repeats,
+             "time_scale": self.opts.time_scale, "users_scale": self.opts.users_scale},
+            sort_keys=True,
+        )  # fmt: skip
+        return hashlib.sha256(body.encode()).hexdigest()
+
+    def prepare(self) -> None:
+        """Write each trial's profile and validate it with ``loadlens load --dry-run``; load the previous
+        result when resuming. Raises :class:`ExperimentError` (a usage error)."""
+        (self.dir / "profiles").mkdir(parents=True, exist_ok=True)
+        checked: dict[str, Path] = {}
+        for t in self.trials:
+            doc = trial_profile(self.exp, t, self.dir)
+            if isinstance(doc, str):
+                self.profiles[t.name] = Path(doc) if "/" in doc or doc.endswith((".yaml", ".yml")) else Path(doc)
+                key = doc
+                path_arg = doc
+            else:
+                text = yaml.safe_dump(doc, sort_keys=False)
+                key = hashlib.sha256(text.encode()).hexdigest()[:12]
+                suffix = "-".join(f"{k}={v}" for k, v in sorted(t.vars.items()))
+                path = self.dir / "profiles" / (f"{t.profile}-{suffix}.yaml" if suffix else f"{t.profile}.yaml")
+                path.write_text(text)
+                self.profiles[t.name] = path
+                path_arg = str(path)
+            if key in checked:
+                continue
+            checked[key] = self.profiles[t.name]
+            argv = _load_argv(Path(path_arg), "http://127.0.0.1:9", self.dir, "dry", self.opts, dry=True)
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            if proc.returncode != 0:
+                line = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+                line = line.removeprefix("loadlens load: error: ")
+                raise ExperimentError(f"{self.exp.source.name}: profiles.{t.profile}: {line}")
+        previous = self.dir / EXPERIMENT_FILE
+        if self.opts.resume:
+            if not previous.is_file():
+                raise ExperimentError(f"--resume: {previous} does not exist")
+            old = parse_experiment_result(json.loads(previous.read_text()), str(previous))
+            if old.experiment.sha256 != self._fingerprint():
+                raise ExperimentError(
+                    f"--resume: {previous} was written by a different experiment definition, parameters, "
+                    "repeats or scales; start a new run id"
+                )
+            if [t.name for t in old.trials] != [t.name for t in self.trials]:
+                raise ExperimentError(f"--resume: {previous} has other trials")
+            self.result = old
+        elif previous.exists():
+            raise ExperimentError(f"{previous} exists: pass --resume to continue it, or another --run-id")
+        (self.dir / "experiment.yaml").write_text(
+            yaml.safe_dump(self.exp.spec.model_dump(mode="json"), sort_keys=False)
+        )
+
+    def _fresh(self) -> ExperimentResult:
+        spec = self.exp.spec
+        return ExperimentResult(
+            schema=SCHEMA,
+            run_id=self.opts.run_id,
+            experiment=ExperimentInfo(
+                name=spec.name,
+                description=spec.description,
+                source=str(self.exp.source),
+                sha256=self._fingerprint(),
+                parameters=dict(spec.parameters),
+                repeats=self.opts.repeats,
+                time_scale=self.opts.time_scale,
+                users_scale=self.opts.users_scale,
+                analysis=spec.analysis.kind,
+            ),
+            server=ServerInfo(**self.server.describe()),
+            start_time=_now(),
+            trials=[
+                Trial(index=t.index, name=t.name, params=dict(t.params), knobs=dict(t.knobs), profile=t.profile)
+                for t in self.trials
+            ],
+        )
+
+    # --- running ------------------------------------------------------------------------------------------
+
+    def write(self) -> None:
+        assert self.result is not None
+        doc = self.result.dump()
+        parse_experiment_result(doc)
+        tmp = self.dir / (EXPERIMENT_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        os.replace(tmp, self.dir / EXPERIMENT_FILE)
+
+    def _run_load(self, trial: PlannedTrial, url: str, repeat: int) -> TrialRun:
+        out_dir = self.dir / "trials" / trial.name
+        run_id = f"r{repeat}"
+        run_dir = out_dir / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = run_dir / "load.log"
+        argv = _load_argv(self.profiles[trial.name], url, out_dir, run_id, self.opts, dry=False)
+        env = dict(os.environ)
+        if self.opts.api_key:
+            env["LOADLENS_LOAD_API_KEY"] = self.opts.api_key
+        result_path = run_dir / RESULT_FILE
+        if result_path.exists():
+            result_path.unlink()  # a partial run of an interrupted experiment
+        start = time.time()
+        with log.open("wb") as out, ServerSampler(url, self.opts.sample_interval) as sampler:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                code = proc.wait()
+            except KeyboardInterrupt:
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                raise Interrupted from None
+        end = time.time()
+
+        def rel(path: Path) -> str:
+            return str(path.relative_to(self.dir))
+
+        run = TrialRun(
+            repeat=repeat,
+            run_id=run_id,
+            result_path=rel(result_path),
+            log_path=rel(log),
+            exit_code=code,
+            completed=False,
+            start_timestamp=start,
+            end_timestamp=end,
+            duration_s=round(end - start, 3),
+        )
+        if not result_path.is_file():
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            run.error = f"loadlens load exited {code} without results: {tail[0][:300]}"
+            return run
+        doc = json.loads(result_path.read_text())
+        run.completed = bool(doc.get("run", {}).get("completed"))
+        run.figures = extract_figures(doc)
+        run.server = sampler.summary(measured_windows(doc))
+        verdict = doc.get("verdict") or {}
+        run.verdict_status = verdict.get("status")
+        run.verdict_headline = verdict.get("headline")
+        if code not in (0, 3):
+            run.error = f"loadlens load exited {code} (log: {run.log_path})"
+        elif not run.completed:
+            run.error = "the run did not complete every stage"
+        return run
+
+    def run(self) -> ExperimentResult:
+        """Every unfinished trial in order; raises :class:`Interrupted` after writing what finished."""
+        self.result = self.result or self._fresh()
+        self.result.interrupted = False
+        self.result.end_time = None
+        total = len(self.trials) * self.opts.repeats
+        todo = [(t, r) for t in self.trials for r in range(1, self.opts.repeats + 1)]
+        done_runs = {(tr.name, run.repeat) for tr in self.result.trials for run in tr.runs if run.error is None}
+        for tr in self.result.trials:  # a failed run is run again on resume
+            tr.runs = [run for run in tr.runs if run.error is None]
+        started = time.monotonic()
+        elapsed_runs: list[float] = []
+        planned = {
+            t.name: planned_seconds(trial_profile(self.exp, t, self.dir), self.opts.time_scale) for t in self.trials
+        }
+        self.write()
+        try:
+            for i, (trial, repeat) in enumerate(todo, 1):
+                record = self.result.trials[trial.index]
+                if (trial.name, repeat) in done_runs:
+                    continue
+                remaining = [planned[t.name] or (statistics.fmean(elapsed_runs) if elapsed_runs else 0.0)
+                             for t, r in todo[i - 1:] if (t.name, r) not in done_runs]  # fmt: skip
+                if elapsed_runs and all(planned[t.name] for t, _ in todo):
+                    # measured vs planned ratio corrects the estimate (until_requests stages, start-up)
+                    ratio = sum(elapsed_runs) / sum(planned[t.name] or 0.0 for t, _ in self._finished)
+                    remaining = [x * ratio for x in remaining]
+                knobs = " ".join(f"{k}={v}" for k, v in trial.knobs.items()) or "no knobs"
+                self.say(
+                    f"experiment {self.exp.spec.name}: trial {trial.index + 1}/{len(self.trials)} {trial.name}"
+                    f" repeat {repeat}/{self.opts.repeats} (run {i}/{total}; {knobs}); elapsed"
+                    f" {_duration(time.monotonic() - started)}, ETA {_duration(sum(remaining))}"
+                )
+                t0 = time.monotonic()
+                try:
+                    url = self.server.prepare(trial)
+                    record.target = url
+                    run = self._run_load(trial, url, repeat)
+                except ServerError as err:
+                    record.status, record.error = "failed", str(err)
+                    self.say(f"experiment {self.exp.spec.name}: trial {trial.name} failed: {err}")
+                    self.write()
+                    continue
+                finally:
+                    self.server.finish(trial)
+                elapsed_runs.append(time.monotonic() - t0)
+                self._finished.append((trial, repeat))
+                record.runs.append(run)
+                record.figures = aggregate(record.runs)
+                ok = [r for r in record.runs if r.error is None]
+                if run.error:
+                    record.status, record.error = "failed", run.error
+                    self.say(f"experiment {self.exp.spec.name}: trial {trial.name} repeat {repeat}: {run.error}")
+                elif len(ok) == self.opts.repeats:
+                    record.status, record.error = "done", None
+                self.write()
+        except Interrupted:
+            self.result.interrupted = True
+            self.result.end_time = _now()
+            self.write()
+            raise
+        self.result.completed = all(t.status == "done" for t in self.result.trials)
+        self.result.end_time = _now()
+        self.result = self.analyse(self.result)
+        self.write()
+        return self.result
