@@ -162,7 +162,7 @@ def main() -> int:
     say("\nWhere things are:")
     say(f"  results       {result_file}")
     if report_rc == 0:
-        say(f"  report        {report_dir / 'report.html'}")
+        say(f"  report        {report_dir / 'index.html'}")
     say(f"  Prometheus    {urls['prometheus']}/classic/graph (try gen_ai_server_time_to_first_token_seconds_bucket)")
     say(f"  Alertmanager  {urls['alertmanager']}/api/v2/alerts")
     say(f"  logs, configs {RUN_DIR}/")
