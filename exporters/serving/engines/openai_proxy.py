@@ -104,8 +104,8 @@ class _ProxyStream(RequestStream):
     Each read takes whatever the upstream connection has buffered (one chunk, or several when the proxy fell
     behind) and turns it into **one** event: the complete SSE frames, forwarded as they came in one write
     (``wire_frames``), plus the token count, finish reason and usage read from them by byte search. Only the
-    few chunks that need more (the role and finishing chunks are fine; usage to strip, a usage-only chunk the
-    client did not ask for, anything not compact JSON) go through ``json.loads``.
+    few chunks that need more go through ``json.loads``: the finishing chunk, the usage-only chunk, a chunk
+    with usage the client did not ask for (stripped), anything not compact JSON.
     """
 
     def __init__(
