@@ -1,0 +1,97 @@
+"""Each packaged experiment, run end to end on the sim (`loadlens experiment NAME`, which starts the sim and
+runs `loadlens load` per trial) at a small scale: --speed 10, stages cut by --time-scale, smaller sweeps
+through --param. Each analysis is checked against what the sim is known to do:
+
+- batching-window: the sim's window is a wait after the first arrival into an idle engine and continuous
+  batching gains nothing from it, so mean TTFT rises with the window: the fit's R² is above the stated
+  bound (0.8) and its minimum is the smallest window (no interior optimum; docs/experiments.md).
+- fairness: priority scheduling gives the interactive class a lower P95 than FCFS.
+- token-budget: a 64-token step budget holds fewer sequences running than 4096 tokens do (the budget binds).
+- seed-benchmark: the chapter-1 table has a row per configuration with mean TTFT and output throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadlens.contracts.experiment_result import ExperimentResult, parse_experiment_result
+from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_experiment(tmp_path: Path, name: str, *args: str, timeout: float = 110) -> tuple[ExperimentResult, str]:
+    argv = [sys.executable, "-m", "loadlens.cli", "experiment", name, "--speed", "10", "--results", str(tmp_path)]
+    argv += ["--run-id", "ci", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    directory = tmp_path / "experiments" / "ci"
+    doc: Any = json.loads((directory / "experiment_result.json").read_text())
+    assert (directory / "report.html").is_file()
+    return parse_experiment_result(doc), proc.stdout
+
+
+def finding(result: ExperimentResult, name: str) -> bool | None:
+    return next(f.passed for f in result.findings if f.name == name)
+
+
+@pytest.mark.timeout(150)
+def test_batching_window_on_the_sim(tmp_path: Path) -> None:
+    windows = "1000,10000,30000,100000,300000,1000000"
+    result, out = run_experiment(tmp_path, "batching-window", "--time-scale", "0.05", "--param",
+                                 f"windows={windows}", "--param", "metric=mean_ttft_ms")  # fmt: skip
+    assert result.completed and [t.status for t in result.trials] == ["done"] * 6
+    assert "trial 6/6 w1000000 repeat 1/1 (run 6/6; batching_window_us=1000000)" in out
+    rows = result.tables[0].rows
+    assert [r["window"] for r in rows] == [1000.0, 10000.0, 30000.0, 100000.0, 300000.0, 1000000.0]
+    fit = result.fits[0]
+    assert fit.error is None and fit.r2 is not None and fit.r2 >= 0.8
+    assert finding(result, "fit_r2") is True
+    assert fit.interior is False and fit.optimum_x == 1000.0
+    assert finding(result, "optimum_inside_range") is False
+    ttft = [float(r["mean_ttft_ms"]) for r in rows]  # type: ignore[arg-type]
+    assert ttft[-1] - ttft[0] > 50  # 1 s modeled = 100 ms wall at speed 10, paid by most arrivals
+    assert len(fit.curve) == 60
+
+
+@pytest.mark.timeout(150)
+def test_fairness_on_the_sim(tmp_path: Path) -> None:
+    result, _ = run_experiment(tmp_path, "fairness", "--time-scale", "0.1")
+    rows = {r["policy"]: r for r in result.tables[0].rows}
+    assert sorted(rows) == ["fcfs", "priority"]
+    assert finding(result, "priority_beats_fcfs") is True
+    assert float(rows["priority"]["interactive.p95_e2el_ms"]) < float(rows["fcfs"]["interactive.p95_e2el_ms"])  # type: ignore[arg-type]
+    for row in rows.values():
+        assert 0 < float(row["jain_fairness_index"]) <= 1  # type: ignore[arg-type]
+        assert float(row["batch.request_throughput"]) > 0  # type: ignore[arg-type]
+        assert float(row["slack.min"]) > 0  # type: ignore[arg-type]
+    # the FCFS trial sent priority 0 for both entries, yet each request kept its entry's class
+    fcfs = next(t for t in result.trials if t.name == "fcfs")
+    assert fcfs.figures["batch.completed"].mean and fcfs.figures["interactive.completed"].mean
+
+
+@pytest.mark.timeout(150)
+def test_token_budget_on_the_sim(tmp_path: Path) -> None:
+    result, _ = run_experiment(tmp_path, "token-budget", "--time-scale", "0.05", "--param", "budgets=64,4096")
+    rows = {(r["max_num_seqs"], r["max_num_batched_tokens"]): r for r in result.tables[0].rows}
+    assert sorted(rows) == [(16, 64), (16, 4096), (64, 64), (64, 4096)]
+    assert finding(result, "token_budget_binds") is True
+    small, large = rows[(64, 64)], rows[(64, 4096)]
+    assert float(small["sampled.mean_running"]) < 0.9 * float(large["sampled.mean_running"])  # type: ignore[arg-type]
+    assert small["budget_binds"] is True and large["budget_binds"] is False
+
+
+@pytest.mark.timeout(150)
+def test_seed_benchmark_on_the_sim(tmp_path: Path) -> None:
+    result, _ = run_experiment(tmp_path, "seed-benchmark", "--time-scale", "0.05")
+    rows = result.tables[0].rows
+    assert [r["trial"] for r in rows] == ["default", "half-kv"]
+    for row in rows:
+        assert float(row["mean_ttft_ms"]) > 0 and float(row["output_throughput"]) > 0  # type: ignore[arg-type]
+        assert row["server.peak_vram_gib"] is None  # needs --prometheus
