@@ -321,3 +321,36 @@ def test_byte_level_reading_of_completions_chunks() -> None:
     assert stream._fast(b'{"choices":[{"index":0,"text":"a"}]') is None  # truncated frame
     with pytest.raises(Exception, match="invalid JSON"):
         stream._feed(_frames(b'{"choices":[{"index":0,"text":"a"}]'))
+
+
+def test_trace_context_reaches_the_upstream(chain: Chain) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    r = httpx.post(chain.proxy_url + CHAT, json=_chat(max_tokens=2, stream=True), headers=headers)
+    assert r.status_code == 200
+    seen = chain.upstream.last_request
+    assert seen is not None and seen.trace_headers is not None
+    assert seen.trace_headers["traceparent"].split("-")[1] == trace_id  # the upstream joined the client's trace
+
+
+def test_upstream_connections_are_bounded_by_max_connections() -> None:
+    upstream = ScriptedEngine(itl_s=0.02)
+    up_app = create_app(upstream, ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+    with serve_app(up_app) as up_url:
+        proxy = OpenAIProxyEngine(up_url, max_connections=2)
+        app = create_app(proxy, ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+        with serve_app(app) as url:
+            results: list[int] = []
+            most = 0
+
+            def one() -> None:
+                results.append(httpx.post(url + CHAT, json=_chat(max_tokens=10, stream=True), timeout=30).status_code)
+
+            threads = [threading.Thread(target=one) for _ in range(6)]
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads):
+                most = max(most, len(upstream.active))
+                time.sleep(0.005)
+    assert results == [200] * 6  # the others waited in the proxy for a free connection
+    assert most == 2
