@@ -14,7 +14,7 @@ XS = [10.0, 15.0, 25.0, 40.0, 60.0, 80.0, 100.0, 130.0, 160.0, 200.0]
 
 
 def u(x: float) -> float:
-    return 8.0 + 400.0 * x**-0.8 + 0.002 * x**1.5
+    return float(8.0 + 400.0 * x**-0.8 + 0.002 * x**1.5)
 
 
 def test_recovers_known_parameters_and_optimum() -> None:
