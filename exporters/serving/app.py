@@ -59,6 +59,7 @@ from exporters.serving.responses_api import ResponsesAPIResponse, parse_response
 from exporters.serving.streaming import GenerationResponse
 from exporters.serving.tracing import Tracing, extract_context, new_trace_id, parse_traceparent
 from loadlens import __version__
+from loadlens.contracts.device_state import DEVICE_STATE_PATH
 from loadlens.contracts.slo import SLOConfig, load_slos
 from loadlens.util.exposition import render as render_exposition
 from loadlens.util.openai_errors import error_response
@@ -427,7 +428,7 @@ def create_app(
 
         return await _admin(request, action)
 
-    @app.get("/sim/device-state", **ROUTE_DOCS["GET /sim/device-state"])
+    @app.get(DEVICE_STATE_PATH, **ROUTE_DOCS[f"GET {DEVICE_STATE_PATH}"])
     async def device_state(
         since_us: int = Query(0, ge=0, le=2**63 - 1, description="only samples after this many microseconds"),
     ) -> Response:

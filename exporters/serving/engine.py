@@ -1,7 +1,8 @@
 """The engine interface: what the HTTP layer needs from whatever generates tokens.
 
 The HTTP layer knows requests, streams and errors; it knows no engine internals and never asks which
-engine it has. The shape follows vLLM's ``AsyncLLM`` so the in-process vLLM engine fits it one-to-one::
+engine it has. The shape follows vLLM's ``AsyncLLM``, so an engine inside vLLM's process could fit it one-to-one (none
+exists: a real vLLM runs as its own server behind the ``openai`` proxy)::
 
     vLLM:    async for out in llm.generate(prompt, params, request_id, lora_request=..., priority=...,
                                            trace_headers=...)
@@ -195,7 +196,7 @@ class Health:
 
 
 class Engine(abc.ABC):
-    """What the serving layer drives. Implementations: sim (default), openai (proxy), vllm (later)."""
+    """What the serving layer drives. Implementations: sim (default) and openai (the proxy)."""
 
     name: str
     """Short engine name, used as the ``gen_ai.provider.name`` and log field."""

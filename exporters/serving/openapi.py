@@ -24,7 +24,7 @@ from exporters.serving.protocol import (
     UnloadLoRAAdapterRequest,
 )
 from exporters.serving.responses_api import ResponsesRequest
-from loadlens.contracts.device_state import DeviceState
+from loadlens.contracts.device_state import DEVICE_STATE_PATH, DeviceState
 from loadlens.util.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 
 _REF = "#/components/schemas/{model}"
@@ -301,7 +301,7 @@ OPERATIONS: Mapping[str, dict[str, Any]] = {
         "requestBody": _body(KnobChanges),
         "responses": {"200": _json(Knobs, "the knobs after the change"), **_errors(*_ADMIN_ERRORS)},
     },
-    "GET /sim/device-state": {
+    f"GET {DEVICE_STATE_PATH}": {
         "responses": {
             "200": _json(DeviceState, "the device-state document"),
             **_errors(400, 500),
