@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
+import loadlens.contracts.experiment_result as contract
 from loadlens.contracts.experiment_result import (
     ExperimentInfo,
     ExperimentResult,
@@ -18,6 +20,7 @@ from loadlens.contracts.experiment_result import (
 )
 from loadlens.experiment.runner import aggregate, extract_figures
 from loadlens.experiment.sampler import ServerSampler, parse_exposition
+from tests.support.paths import ROOT
 
 
 def result() -> ExperimentResult:
@@ -105,3 +108,16 @@ def test_figures_and_their_aggregate_over_repeats() -> None:
     stat = aggregate(runs)["p99_e2el_ms"]
     assert (stat.mean, stat.std, stat.min, stat.max, stat.n, stat.values) == (12.0, 2.8284271247461903, 10.0, 14.0, 2,
                                                                                 [10.0, 14.0])  # fmt: skip
+
+
+def test_docs_name_every_key() -> None:
+    """docs/experiments.md names every key of every model of experiment_result.json."""
+    text = (ROOT / "docs" / "experiments.md").read_text()
+    models = [v for v in vars(contract).values() if isinstance(v, type) and issubclass(v, BaseModel)]
+    missing = sorted(
+        f"{m.__name__}.{f.alias or name}"
+        for m in models
+        for name, f in m.model_fields.items()
+        if f"`{f.alias or name}`" not in text
+    )
+    assert missing == []
