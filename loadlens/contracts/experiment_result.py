@@ -84,7 +84,7 @@ class Trial(_Model):
     profile: str
     target: str | None = None
     """The base URL the trial's load went to."""
-    status: Literal["pending", "done", "failed"] = "pending"
+    status: Literal["pending", "done", "failed", "skipped"] = "pending"
     error: str | None = None
     runs: list[TrialRun] = Field(default_factory=list)
     figures: dict[str, Stat] = Field(default_factory=dict)
@@ -119,6 +119,8 @@ class Fit(_Model):
     optimum_y: float | None = None
     interior: bool | None = None
     """True when the fitted minimum lies strictly inside the swept range."""
+    dip_ratio: float | None = None
+    """(lower end of the fitted curve − its minimum) / minimum: 0 for a monotone fit."""
     curve: list[tuple[float, float]] = Field(default_factory=list)
     error: str | None = None
 
@@ -170,6 +172,7 @@ class ExperimentResult(_Model):
     start_time: str
     end_time: str | None = None
     completed: bool = False
+    """Every trial is done (or skipped by the analysis' early stop)."""
     interrupted: bool = False
     trials: list[Trial]
     tables: list[Table] = Field(default_factory=list)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE, ExperimentResult
 from loadlens.contracts.slo import SLOConfigError, load_slos
-from loadlens.experiment.analysis.analyse import analyse
+from loadlens.experiment.analysis.analyse import analyse, stopper
 from loadlens.experiment.html import write_html
 from loadlens.experiment.models import ExperimentError, available_experiments, expand_trials, load_experiment
 from loadlens.experiment.runner import ExperimentRunner, Interrupted, RunOptions
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
     )
     runner = ExperimentRunner(exp, trials, server, opts, analyse=analyse(exp.spec.analysis, slos),
-                              say=lambda line: print(line, flush=True))  # fmt: skip
+                              stop=stopper(exp.spec.analysis), say=lambda line: print(line, flush=True))  # fmt: skip
     try:
         runner.prepare()
     except ExperimentError as err:
@@ -191,6 +191,6 @@ def _print(result: ExperimentResult) -> None:
     for f in result.findings:
         mark = {True: "PASS", False: "FAIL", None: "n/a "}[f.passed]
         print(f"{mark} {f.name}: {f.detail}")
-    failed = [t for t in result.trials if t.status != "done"]
+    failed = [t for t in result.trials if t.status not in ("done", "skipped")]
     for t in failed:
         print(f"trial {t.name}: {t.status}: {t.error}")

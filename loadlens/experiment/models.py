@@ -99,16 +99,22 @@ class TrialSpec(_Model):
 
 
 class Analysis(_Model):
-    kind: Literal["table", "u_curve", "fairness", "token_budget"]
+    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst"]
     x: str | None = None
     """The swept parameter on the x axis (u_curve)."""
     y: str = "p99_e2el_ms"
     throughput: str = "request_throughput"
     min_r2: float = Field(default=0.8, ge=0, le=1)
+    min_dip: float = Field(default=0.05, ge=0)
+    """u_curve: how far (relative) the fitted minimum must lie below the curve's lower end to count as one."""
     interactive_class: str = "interactive"
     batch_class: str = "batch"
     columns: list[str] = Field(default_factory=list)
     """table: the figures shown per trial (default: the guide's benchmark table)."""
+    failure: dict[str, float] = Field(default_factory=dict)
+    """burst: figure -> the most it may be; a run fails when any figure is above its bound."""
+    stop_on_failure: bool = True
+    """burst: skip the larger sizes once every repeat of a size failed."""
 
 
 class ExperimentSpec(_Model):
@@ -136,7 +142,7 @@ class ExperimentSpec(_Model):
         for i, t in enumerate(self.trials):
             if t.profile not in self.profiles:
                 raise ValueError(f"trials.{i}.profile: no profile {t.profile!r} (have {sorted(self.profiles)})")
-        if self.analysis.kind == "u_curve":
+        if self.analysis.kind in ("u_curve", "burst"):
             axes = {label for t in self.trials for label in t.sweep}
             if self.analysis.x not in axes:
                 raise ValueError(f"analysis.x: must name a sweep axis ({sorted(axes)}), got {self.analysis.x!r}")

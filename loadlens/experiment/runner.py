@@ -199,6 +199,7 @@ class ExperimentRunner:
         opts: RunOptions,
         *,
         analyse: Callable[[ExperimentResult], ExperimentResult],
+        stop: Callable[[Trial], str | None] | None = None,
         say: Callable[[str], None] = print,
     ) -> None:
         self.exp = exp
@@ -206,6 +207,8 @@ class ExperimentRunner:
         self.server = server
         self.opts = opts
         self.analyse = analyse
+        self.stop = stop
+        """After each finished trial: a reason to skip the rest (burst sizes beyond the failing one), or None."""
         self.say = say
         self.dir = opts.directory
         self.profiles: dict[str, Path] = {}
@@ -353,6 +356,9 @@ class ExperimentRunner:
         run.completed = bool(doc.get("run", {}).get("completed"))
         run.figures = extract_figures(doc)
         run.server = sampler.summary(measured_windows(doc))
+        completed = run.figures.get("completed")
+        if run.server.preemptions is not None and completed:
+            run.figures["preemptions_per_request"] = run.server.preemptions / completed
         verdict = doc.get("verdict") or {}
         run.verdict_status = verdict.get("status")
         run.verdict_headline = verdict.get("headline")
@@ -381,7 +387,7 @@ class ExperimentRunner:
         try:
             for i, (trial, repeat) in enumerate(todo, 1):
                 record = self.result.trials[trial.index]
-                if (trial.name, repeat) in done_runs:
+                if (trial.name, repeat) in done_runs or record.status == "skipped":
                     continue
                 remaining = [planned[t.name] or (statistics.fmean(elapsed_runs) if elapsed_runs else 0.0)
                              for t, r in todo[i - 1:] if (t.name, r) not in done_runs]  # fmt: skip
@@ -417,13 +423,18 @@ class ExperimentRunner:
                     self.say(f"experiment {self.exp.spec.name}: trial {trial.name} repeat {repeat}: {run.error}")
                 elif len(ok) == self.opts.repeats:
                     record.status, record.error = "done", None
+                    reason = self.stop(record) if self.stop is not None else None
+                    if reason is not None:
+                        for later in self.result.trials[trial.index + 1 :]:
+                            later.status, later.error = "skipped", reason
+                        self.say(f"experiment {self.exp.spec.name}: {reason}; the remaining trials are skipped")
                 self.write()
         except Interrupted:
             self.result.interrupted = True
             self.result.end_time = _now()
             self.write()
             raise
-        self.result.completed = all(t.status == "done" for t in self.result.trials)
+        self.result.completed = all(t.status in ("done", "skipped") for t in self.result.trials)
         self.result.end_time = _now()
         self.result = self.analyse(self.result)
         self.write()

@@ -30,6 +30,8 @@ def test_recovers_known_parameters_and_optimum() -> None:
     assert fit.optimum_x == pytest.approx(expected, rel=1e-3)
     assert fit.optimum_y == pytest.approx(u(expected), rel=1e-6)
     assert fit.interior is True
+    ends = min(u(10.0), u(200.0))
+    assert fit.dip_ratio == pytest.approx((ends - u(expected)) / u(expected), rel=1e-4)
     assert fit.predict(50.0) == pytest.approx(u(50.0), rel=1e-6)
     curve = fit.curve(5)
     assert [round(x, 6) for x, _ in curve] == [10.0, round(10 * 20**0.25, 6), round(10 * 20**0.5, 6),
@@ -58,7 +60,7 @@ def test_monotone_rise_has_no_interior_optimum() -> None:
     xs = [1e3, 3e3, 1e4, 3e4, 1e5, 3e5, 1e6]
     fit = fit_u_curve(xs, [20.0 + 1e-4 * x for x in xs])
     assert fit.r2 > 0.9999
-    assert fit.interior is False
+    assert fit.interior is False and fit.dip_ratio == 0.0
     assert fit.optimum_x == pytest.approx(1e3, rel=1e-2)
 
 

@@ -47,12 +47,19 @@ def parse(tmp_path: Path, d: dict[str, Any]) -> Any:
 
 
 def test_packaged_experiments_load_and_expand() -> None:
-    assert available_experiments() == ["batching-window", "fairness", "seed-benchmark", "token-budget"]
+    assert available_experiments() == [
+        "batching-window",
+        "burst-capacity",
+        "fairness",
+        "seed-benchmark",
+        "token-budget",
+    ]
     names = {n: [t.name for t in expand_trials(load_experiment(n))] for n in available_experiments()}
     assert names["batching-window"] == ["w1000", "w3000", "w10000", "w30000", "w100000", "w300000", "w1000000"]
     assert names["fairness"] == ["fcfs", "priority"]
     assert names["token-budget"] == ["s16-t64", "s16-t512", "s16-t4096", "s64-t64", "s64-t512", "s64-t4096"]
     assert names["seed-benchmark"] == ["default", "half-kv"]
+    assert names["burst-capacity"] == ["b8", "b16", "b32", "b64", "b128", "b256"]
 
 
 def test_sweep_fills_knob_names_values_and_names_from_parameters(tmp_path: Path) -> None:
@@ -105,7 +112,7 @@ def test_profile_variables_are_typed() -> None:
         ({"analysis": {"kind": "u_curve", "x": "z"}}, "exp.yaml: analysis.x: must name a sweep axis (['w']), got 'z'"),
         (
             {"analysis": {"kind": "magic"}},
-            "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness' or 'token_budget'",
+            "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness', 'token_budget' or 'burst'",
         ),
         ({"extra": 1}, "exp.yaml: extra: Extra inputs are not permitted"),
     ],
@@ -147,8 +154,8 @@ def test_cli_rejects_a_bad_profile_inside_the_experiment(tmp_path: Path, capsys:
         (["batching-window", "--param", "windows=a,b"], "--param: 'a' is not a int"),
         (
             ["nosuch"],
-            "experiment 'nosuch': no such packaged experiment (batching-window, fairness, seed-benchmark,"
-            " token-budget) or file",
+            "experiment 'nosuch': no such packaged experiment (batching-window, burst-capacity, fairness,"
+            " seed-benchmark, token-budget) or file",
         ),
         (["fairness", "--resume"], "--resume needs --run-id (the experiment directory to continue)"),
         (

@@ -7,6 +7,8 @@ through --param. Each analysis is checked against what the sim is known to do:
   bound (0.8) and its minimum is the smallest window (no interior optimum; docs/experiments.md).
 - fairness: priority scheduling gives the interactive class a lower P95 than FCFS.
 - token-budget: a 64-token step budget holds fewer sequences running than 4096 tokens do (the budget binds).
+- burst-capacity: with a 512-block KV cache and a 32-request waiting queue, 64 users at once get 429s while
+  32 do not: the threshold lies between them, and the larger sizes are skipped.
 - seed-benchmark: the chapter-1 table has a row per configuration with mean TTFT and output throughput.
 """
 
@@ -95,3 +97,18 @@ def test_seed_benchmark_on_the_sim(tmp_path: Path) -> None:
     for row in rows:
         assert float(row["mean_ttft_ms"]) > 0 and float(row["output_throughput"]) > 0  # type: ignore[arg-type]
         assert row["server.peak_vram_gib"] is None  # needs --prometheus
+
+
+@pytest.mark.timeout(150)
+def test_burst_capacity_on_the_sim(tmp_path: Path) -> None:
+    result, out = run_experiment(tmp_path, "burst-capacity", "--time-scale", "0.1", "--repeats", "1")
+    assert "every repeat of b64 failed" in out
+    assert [(t.name, t.status) for t in result.trials] == [
+        ("b8", "done"), ("b16", "done"), ("b32", "done"), ("b64", "done"), ("b128", "skipped"), ("b256", "skipped"),
+    ]  # fmt: skip
+    assert result.completed
+    rows = {r["burst"]: r for r in result.tables[0].rows}
+    assert [rows[b]["failure_probability"] for b in (8, 16, 32, 64)] == [0.0, 0.0, 0.0, 1.0]
+    assert "rate_limited_ratio" in str(rows[64]["failed_by"])
+    assert result.tables[1].rows == [{"estimate": 48.0, "low": 32.0, "high": 64.0}]
+    assert finding(result, "threshold_found") is True

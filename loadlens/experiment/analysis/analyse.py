@@ -8,18 +8,20 @@ Usage::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from loadlens.contracts.experiment_result import Column, ExperimentResult, Finding, Fit, Plot, Scalar, Table, Trial
 from loadlens.contracts.slo import SLOConfig
-from loadlens.experiment.analysis.fits import FORMULA, FitError, fit_u_curve
+from loadlens.experiment.analysis.fits import FORMULA, FitError, UCurveFit, fit_u_curve
 from loadlens.experiment.models import Analysis
 
 PERCENTILE_KEY = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99", 0.999: "p99.9"}
 BENCHMARK_COLUMNS = ["mean_ttft_ms", "output_throughput", "server.peak_vram_gib", "p99_e2el_ms"]
 LABELS: dict[str, tuple[str, str]] = {
     "mean_ttft_ms": ("mean TTFT", "ms"),
+    "mean_e2el_ms": ("mean E2E", "ms"),
     "p99_ttft_ms": ("TTFT p99", "ms"),
     "p99_e2el_ms": ("E2E p99", "ms"),
     "p95_e2el_ms": ("E2E p95", "ms"),
@@ -82,6 +84,7 @@ def u_curve_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) 
         fit.params = {"a": f.a, "b": f.b, "p": f.p, "c": f.c, "q": f.q}
         fit.r2, fit.x_min, fit.x_max = f.r2, f.x_min, f.x_max
         fit.optimum_x, fit.optimum_y, fit.interior = f.optimum_x, f.optimum_y, f.interior
+        fit.dip_ratio = f.dip_ratio
         fit.curve = f.curve()
     rows: list[dict[str, Scalar]] = []
     for t in trials:
@@ -135,19 +138,27 @@ def u_curve_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) 
         return
     result.findings = [
         Finding(name="fit_r2", passed=f.r2 >= spec.min_r2, detail=f"R² = {f.r2:.4f} (bound {spec.min_r2})"),
-        Finding(
-            name="optimum_inside_range",
-            passed=f.interior if f.r2 >= spec.min_r2 else None,
-            detail=(
-                f"fitted minimum {f.optimum_y:.2f} at {spec.x} = {f.optimum_x:.4g}, inside [{f.x_min:g}, {f.x_max:g}]"
-                if f.interior and f.r2 >= spec.min_r2
-                else f"not judged: the fit's R² {f.r2:.3f} is below {spec.min_r2}"
-                if f.r2 < spec.min_r2
-                else f"no interior minimum: the fit is monotone over [{f.x_min:g}, {f.x_max:g}] "
-                f"(best end {spec.x} = {f.optimum_x:g}: {f.optimum_y:.2f})"
-            ),
-        ),
+        _optimum_finding(spec, f),
     ]
+
+
+def _optimum_finding(spec: Analysis, f: UCurveFit) -> Finding:
+    """An interior minimum counts when the fit is good (R² >= min_r2) and dips by at least min_dip below
+    the curve's lower end: a fit bending a few per cent to noise at one end is no U."""
+    name = "optimum_inside_range"
+    where = f"[{f.x_min:g}, {f.x_max:g}]"
+    if f.r2 < spec.min_r2:
+        return Finding(name=name, passed=None, detail=f"not judged: the fit's R² {f.r2:.3f} is below {spec.min_r2}")
+    if f.interior and f.dip_ratio >= spec.min_dip:
+        detail = f"fitted minimum {f.optimum_y:.4g} at {spec.x} = {f.optimum_x:.4g} inside {where}, "
+        return Finding(name=name, passed=True, detail=detail + f"{f.dip_ratio:.1%} below the lower end")
+    if f.interior:
+        detail = (f"no U: the fitted minimum at {spec.x} = {f.optimum_x:.4g} is only {f.dip_ratio:.1%} below the "
+                  f"curve's lower end (needs {spec.min_dip:.0%})")  # fmt: skip
+        return Finding(name=name, passed=False, detail=detail)
+    best = f"best end {spec.x} = {f.optimum_x:g}: {f.optimum_y:.4g}"
+    detail = f"no interior minimum: the fit is monotone over {where} ({best})"
+    return Finding(name=name, passed=False, detail=detail)
 
 
 def slack_ratio(trial: Trial, cls_name: str, slos: SLOConfig) -> float | None:
@@ -259,11 +270,116 @@ def token_budget_analysis(spec: Analysis, result: ExperimentResult, slos: SLOCon
     ]
 
 
+def run_failures(spec: Analysis, trial: Trial) -> list[list[str]]:
+    """Per repeat, the failure criteria it met (``figure value > bound``); empty: the repeat passed."""
+    n = max((len(stat.values) for stat in trial.figures.values()), default=0)
+    out: list[list[str]] = []
+    for k in range(n):
+        reasons = []
+        for key, bound in spec.failure.items():
+            stat = trial.figures.get(key)
+            value = stat.values[k] if stat is not None and k < len(stat.values) else None
+            if value is not None and value > bound:
+                reasons.append(f"{key} {value:.4g} > {bound:g}")
+        out.append(reasons)
+    return out
+
+
+def wilson(failures: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a failure probability from ``failures`` of ``n``."""
+    if n == 0:
+        return 0.0, 1.0
+    p = failures / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def burst_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) -> None:
+    assert spec.x is not None
+    rows: list[dict[str, Any]] = []
+    for t in _done(result):
+        fails = run_failures(spec, t)
+        k, n = sum(1 for f in fails if f), len(fails)
+        low, high = wilson(k, n)
+        criteria = sorted({r.split(" ")[0] for f in fails for r in f})
+        rows.append({
+            spec.x: t.params.get(spec.x),
+            "mean_e2el_ms": _mean(t, "mean_e2el_ms"),
+            "p99_e2el_ms": _mean(t, "p99_e2el_ms"),
+            "rate_limited_ratio": _mean(t, "rate_limited_ratio"),
+            "server_error_ratio": _mean(t, "server_error_ratio"),
+            "preemptions_per_request": _mean(t, "preemptions_per_request"),
+            "failure_probability": k / n if n else None,
+            "failure_low": low,
+            "failure_high": high,
+            "failed_by": ", ".join(criteria) or None,
+        })  # fmt: skip
+    x = spec.x
+    rows.sort(key=lambda r: float(r[x]))
+    cols = [Column(key=spec.x, label=spec.x), _col("mean_e2el_ms"), _col("p99_e2el_ms"),
+            Column(key="rate_limited_ratio", label="429 ratio"), Column(key="server_error_ratio", label="5xx ratio"),
+            Column(key="preemptions_per_request", label="preemptions per request"),
+            Column(key="failure_probability", label="failure probability"),
+            Column(key="failure_low", label="95 % low"), Column(key="failure_high", label="95 % high"),
+            Column(key="failed_by", label="failed by")]  # fmt: skip
+    tables = [Table(name="bursts", title=f"{spec.x} vs latency vs failure probability", columns=cols, rows=rows)]
+    # The threshold: the first size failing in at least half its repeats, bracketed by the size before it;
+    # the estimate interpolates failure probability 0.5 linearly between the two.
+    first = next((i for i, r in enumerate(rows) if (r["failure_probability"] or 0) >= 0.5), None)
+    skipped = [t.name for t in result.trials if t.status == "skipped"]
+    if first is None:
+        largest = rows[-1][x] if rows else "-"
+        finding = Finding(name="threshold_found", passed=False, detail=f"no {x} up to {largest} met the criterion")
+    elif first == 0:
+        detail = f"the smallest {x} ({rows[0][x]}) already fails: the threshold is below the range"
+        finding = Finding(name="threshold_found", passed=None, detail=detail)
+    else:
+        lo, hi = rows[first - 1], rows[first]
+        x0, x1 = float(lo[spec.x]), float(hi[spec.x])
+        p0, p1 = float(lo["failure_probability"] or 0), float(hi["failure_probability"] or 0)
+        estimate = x0 + (0.5 - p0) / (p1 - p0) * (x1 - x0) if p1 > p0 else x1
+        tables.append(Table(name="threshold", title="failure threshold", columns=[
+            Column(key="estimate", label=f"{spec.x} at failure probability 0.5"),
+            Column(key="low", label="last size below 0.5"), Column(key="high", label="first size at or above 0.5"),
+        ], rows=[{"estimate": estimate, "low": x0, "high": x1}]))  # fmt: skip
+        finding = Finding(
+            name="threshold_found",
+            passed=True,
+            detail=f"threshold {estimate:.4g} ({spec.x} between {x0:g}, failure probability {p0:.2f}, and {x1:g}, "
+            f"{p1:.2f}; failed by {hi['failed_by']})"
+            + (f"; skipped after it: {', '.join(skipped)}" if skipped else ""),
+        )
+    result.tables = tables
+    result.findings = [finding]
+    result.plots = [
+        Plot(name="failure", title=f"failure probability vs {spec.x}", x=spec.x, x_label=spec.x,
+             y=["failure_probability"], y_label="failure probability", log_x=True),
+        Plot(name="latency", title=f"latency vs {spec.x}", x=spec.x, x_label=spec.x,
+             y=["mean_e2el_ms", "p99_e2el_ms"], y_label="E2E (ms)", log_x=True),
+    ]  # fmt: skip
+
+
+def stopper(spec: Analysis) -> Callable[[Trial], str | None] | None:
+    """burst with ``stop_on_failure``: stop once every repeat of a size failed."""
+    if spec.kind != "burst" or not spec.stop_on_failure:
+        return None
+
+    def stop(trial: Trial) -> str | None:
+        fails = run_failures(spec, trial)
+        if fails and all(fails):
+            return f"every repeat of {trial.name} failed ({fails[0][0]})"
+        return None
+
+    return stop
+
+
 KINDS: dict[str, Callable[[Analysis, ExperimentResult, SLOConfig], None]] = {
     "table": table_analysis,
     "u_curve": u_curve_analysis,
     "fairness": fairness_analysis,
     "token_budget": token_budget_analysis,
+    "burst": burst_analysis,
 }
 
 

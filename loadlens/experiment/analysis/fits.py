@@ -46,6 +46,13 @@ class UCurveFit:
         return float(self.a + self.b * x**-self.p + self.c * x**self.q)
 
     @property
+    def dip_ratio(self) -> float:
+        """How far the fitted minimum lies below the lower of the curve's two ends, relative to the minimum
+        (0 for a monotone fit): a dip of a few per cent can be the fit bending to noise."""
+        ends = min(self.predict(self.x_min), self.predict(self.x_max))
+        return max(0.0, (ends - self.optimum_y) / abs(self.optimum_y)) if self.optimum_y else 0.0
+
+    @property
     def interior(self) -> bool:
         """The fitted minimum lies strictly inside the swept range (not at, or within 1 % of, an end)."""
         span = math.log(self.x_max) - math.log(self.x_min)
