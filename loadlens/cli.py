@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "stack": "loadlens.stack.cli",
     "report": "loadlens.report.cli",
     "experiment": "loadlens.experiment.cli",
+    "compare": "loadlens.experiment.compare",
 }
 
 
