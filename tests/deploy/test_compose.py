@@ -17,6 +17,7 @@ from tests.deploy.support import (
     DEPLOY_README,
     ROOT,
     SCHEMAS,
+    SCHEMAS_MISSING,
     aliases,
     bind_mounts,
     compose,
@@ -45,7 +46,7 @@ def _profiles(service: dict[str, Any]) -> set[str]:
 def test_compose_validates_against_the_compose_spec() -> None:
     schema_file = SCHEMAS / "compose-spec.json"
     if not schema_file.exists():
-        pytest.skip(f"compose schema not found at {schema_file} (the upstream JSON Schemas are kept in ../shared/schemas/ beside this checkout, as CI has them; without them this check cannot run)")
+        pytest.skip(f"compose schema not found at {schema_file} ({SCHEMAS_MISSING})")
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e '.[dev]')")
     schema = json.loads(schema_file.read_text())
     # The schema names draft-07 without a trailing '#', which jsonschema does not recognise by itself.

@@ -23,6 +23,7 @@ from tests.deploy.support import (
     OVERLAYS,
     ROOT,
     SCHEMAS,
+    SCHEMAS_MISSING,
     by_kind,
     compose,
     load_yaml,
@@ -123,7 +124,7 @@ def test_core_objects_validate_against_the_kubernetes_schemas(objects: list[dict
 def _crd_validator(schema_file: str) -> Any:
     path = SCHEMAS / schema_file
     if not path.exists():
-        pytest.skip(f"CRD schema not found at {path} (the upstream JSON Schemas are kept in ../shared/schemas/ beside this checkout, as CI has them; without them this check cannot run)")
+        pytest.skip(f"CRD schema not found at {path} ({SCHEMAS_MISSING})")
     jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[dev]'")
     schema = json.loads(path.read_text())
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)(schema)
