@@ -19,6 +19,7 @@ from loadlens.experiment.analysis.analyse import analyse, stopper
 from loadlens.experiment.html import write_html
 from loadlens.experiment.models import ExperimentError, available_experiments, expand_trials, load_experiment
 from loadlens.experiment.runner import ExperimentRunner, Interrupted, RunOptions
+from loadlens.experiment.search import SearchFailed, SearchRunner
 from loadlens.experiment.servers import AdminServer, CommandServer, ServerControl, ServerError, SimServer, UrlServer
 from loadlens.util.cliutil import UsageError, env_arg, positive_float
 
@@ -130,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         resume=args.resume,
     )
-    runner = ExperimentRunner(exp, trials, server, opts, analyse=analyse(exp.spec.analysis, slos),
-                              stop=stopper(exp.spec.analysis), say=lambda line: print(line, flush=True))  # fmt: skip
+    runner_cls = SearchRunner if exp.spec.search is not None else ExperimentRunner
+    runner = runner_cls(exp, trials, server, opts, analyse=analyse(exp.spec.analysis, slos, exp.spec.search),
+                        stop=stopper(exp.spec.analysis), say=lambda line: print(line, flush=True))  # fmt: skip
     try:
         runner.prepare()
     except ExperimentError as err:
@@ -146,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"loadlens experiment: error: {err}", file=sys.stderr)
             return 1
         result = runner.run()
+    except SearchFailed as err:
+        print(f"loadlens experiment: error: the search stopped: {err}", file=sys.stderr)
+        return 1
     except Interrupted:
         print(f"loadlens experiment: interrupted; finished trials kept in {exp_dir / EXPERIMENT_FILE}")
         print(f"  continue with: loadlens experiment {args.experiment} --run-id {run_id} --resume")

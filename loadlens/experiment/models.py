@@ -99,7 +99,7 @@ class TrialSpec(_Model):
 
 
 class Analysis(_Model):
-    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst"]
+    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst", "search"]
     x: str | None = None
     """The swept parameter on the x axis (u_curve)."""
     y: str = "p99_e2el_ms"
@@ -117,6 +117,29 @@ class Analysis(_Model):
     """burst: skip the larger sizes once every repeat of a size failed."""
 
 
+class Search(_Model):
+    """slo-search: the highest value of a profile variable (users or rate) at which the run passes: goodput
+    ratio >= ``goodput_target`` and, with ``every_slo``, the run's verdict passes (every SLO check)."""
+
+    var: str
+    start: float = Field(gt=0)
+    min: float = Field(default=1, gt=0)
+    max: float = Field(gt=0)
+    integer: bool = True
+    goodput_target: float = Field(default=0.9, ge=0, le=1)
+    every_slo: bool = True
+    tolerance: float = Field(default=0.1, gt=0)
+    """Bisection stops when (hi - lo) / lo <= tolerance (or hi - lo <= 1 for integers)."""
+    oversaturated_goodput: float = Field(default=0.25, ge=0, le=1)
+    """A repeat whose goodput ratio is below this is over-saturated: the level fails without more repeats."""
+
+    @model_validator(mode="after")
+    def _range(self) -> Search:
+        if not self.min <= self.start <= self.max:
+            raise ValueError(f"start: must be in [min, max] = [{self.min:g}, {self.max:g}], got {self.start:g}")
+        return self
+
+
 class ExperimentSpec(_Model):
     version: Literal[1]
     name: str
@@ -129,6 +152,9 @@ class ExperimentSpec(_Model):
     """Inline load profiles (the documents ``loadlens load --profile`` reads), or a packaged profile name/path."""
     trials: list[TrialSpec] = Field(min_length=1)
     analysis: Analysis
+    search: Search | None = None
+    """With a search, ``trials`` holds one entry: the template of every level's trial (``vars`` get the
+    searched variable)."""
 
     @field_validator("name")
     @classmethod
@@ -142,6 +168,12 @@ class ExperimentSpec(_Model):
         for i, t in enumerate(self.trials):
             if t.profile not in self.profiles:
                 raise ValueError(f"trials.{i}.profile: no profile {t.profile!r} (have {sorted(self.profiles)})")
+        if (self.search is None) != (self.analysis.kind != "search"):
+            raise ValueError("search: analysis kind search needs a search section, and a search section needs it")
+        if self.search is not None and (len(self.trials) != 1 or self.trials[0].sweep):
+            raise ValueError("trials: a search takes exactly one trial template without a sweep")
+        if self.search is not None and "{" + self.search.var + "}" not in self.trials[0].name:
+            raise ValueError(f"trials.0.name: must hold {{{self.search.var}}} (one trial per level)")
         if self.analysis.kind in ("u_curve", "burst"):
             axes = {label for t in self.trials for label in t.sweep}
             if self.analysis.x not in axes:
@@ -219,12 +251,14 @@ def expand_trials(exp: Experiment) -> list[PlannedTrial]:
     src = exp.source.name
     for i, t in enumerate(spec.trials):
         where = f"{src}: trials.{i}"
+        if spec.search is not None:
+            t = t.model_copy(update={"vars": {**t.vars, spec.search.var: search_value(spec.search, spec.search.start)}})
         labels = list(t.sweep)
         axes = [_axis_values(t.sweep[k], params, f"{where}.sweep.{k}.values") for k in labels]
         combos = list(itertools.product(*axes)) if labels else [()]
         for combo in combos:
             swept = dict(zip(labels, combo, strict=True))
-            scope = {**params, **t.label, **swept}
+            scope = {**params, **t.vars, **t.label, **swept}
             knobs = {_fill(k, params, f"{where}.knobs"): v for k, v in t.knobs.items()}
             tvars = dict(t.vars)
             for label, value in swept.items():
@@ -244,6 +278,24 @@ def expand_trials(exp: Experiment) -> list[PlannedTrial]:
     if dupes:
         raise ExperimentError(f"{src}: trials: duplicate trial names {dupes} (put the swept labels in the name)")
     return out
+
+
+def search_value(search: Search, value: float) -> Scalar:
+    return int(round(value)) if search.integer else float(value)
+
+
+def level_trial(exp: Experiment, value: float, index: int) -> PlannedTrial:
+    """The search's trial at one level: its template with the searched variable set."""
+    assert exp.spec.search is not None
+    v = search_value(exp.spec.search, value)
+    t = exp.spec.trials[0]
+    tvars = {**t.vars, exp.spec.search.var: v}
+    scope = {**exp.spec.parameters, **tvars, **t.label}
+    where = f"{exp.source.name}: trials.0"
+    knobs = {_fill(k, exp.spec.parameters, f"{where}.knobs"): val for k, val in t.knobs.items()}
+    name = _fill(t.name, scope, f"{where}.name")
+    host = _fill(t.host, scope, f"{where}.host") if t.host else None
+    return PlannedTrial(index, name, t.profile, knobs, tvars, {**t.label, exp.spec.search.var: v}, host)
 
 
 def _axis_values(axis: SweepAxis, params: dict[str, Param], where: str) -> list[Scalar]:

@@ -229,25 +229,13 @@ class ExperimentRunner:
         """Write each trial's profile and validate it with ``loadlens load --dry-run``; load the previous
         result when resuming. Raises :class:`ExperimentError` (a usage error)."""
         (self.dir / "profiles").mkdir(parents=True, exist_ok=True)
-        checked: dict[str, Path] = {}
+        checked: set[str] = set()
         for t in self.trials:
-            doc = trial_profile(self.exp, t, self.dir)
-            if isinstance(doc, str):
-                self.profiles[t.name] = Path(doc) if "/" in doc or doc.endswith((".yaml", ".yml")) else Path(doc)
-                key = doc
-                path_arg = doc
-            else:
-                text = yaml.safe_dump(doc, sort_keys=False)
-                key = hashlib.sha256(text.encode()).hexdigest()[:12]
-                suffix = "-".join(f"{k}={v}" for k, v in sorted(t.vars.items()))
-                path = self.dir / "profiles" / (f"{t.profile}-{suffix}.yaml" if suffix else f"{t.profile}.yaml")
-                path.write_text(text)
-                self.profiles[t.name] = path
-                path_arg = str(path)
+            key = self.write_profile(t)
             if key in checked:
                 continue
-            checked[key] = self.profiles[t.name]
-            argv = _load_argv(Path(path_arg), "http://127.0.0.1:9", self.dir, "dry", self.opts, dry=True)
+            checked.add(key)
+            argv = _load_argv(self.profiles[t.name], "http://127.0.0.1:9", self.dir, "dry", self.opts, dry=True)
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:
                 line = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
@@ -263,7 +251,7 @@ class ExperimentRunner:
                     f"--resume: {previous} was written by a different experiment definition, parameters, "
                     "repeats or scales; start a new run id"
                 )
-            if [t.name for t in old.trials] != [t.name for t in self.trials]:
+            if not self.same_trials(old):
                 raise ExperimentError(f"--resume: {previous} has other trials")
             self.result = old
         elif previous.exists():
@@ -271,6 +259,23 @@ class ExperimentRunner:
         (self.dir / "experiment.yaml").write_text(
             yaml.safe_dump(self.exp.spec.model_dump(mode="json"), sort_keys=False)
         )
+
+    def write_profile(self, t: PlannedTrial) -> str:
+        """Write the trial's profile under profiles/ (a named profile stays a name); returns a key equal for
+        equal profiles."""
+        doc = trial_profile(self.exp, t, self.dir)
+        if isinstance(doc, str):
+            self.profiles[t.name] = Path(doc)
+            return doc
+        text = yaml.safe_dump(doc, sort_keys=False)
+        suffix = "-".join(f"{k}={v}" for k, v in sorted(t.vars.items()))
+        path = self.dir / "profiles" / (f"{t.profile}-{suffix}.yaml" if suffix else f"{t.profile}.yaml")
+        path.write_text(text)
+        self.profiles[t.name] = path
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def same_trials(self, old: ExperimentResult) -> bool:
+        return [t.name for t in old.trials] == [t.name for t in self.trials]
 
     def _fresh(self) -> ExperimentResult:
         spec = self.exp.spec

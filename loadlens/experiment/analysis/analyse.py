@@ -15,7 +15,7 @@ from typing import Any
 from loadlens.contracts.experiment_result import Column, ExperimentResult, Finding, Fit, Plot, Scalar, Table, Trial
 from loadlens.contracts.slo import SLOConfig
 from loadlens.experiment.analysis.fits import FORMULA, FitError, UCurveFit, fit_u_curve
-from loadlens.experiment.models import Analysis
+from loadlens.experiment.models import Analysis, Search
 
 PERCENTILE_KEY = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99", 0.999: "p99.9"}
 BENCHMARK_COLUMNS = ["mean_ttft_ms", "output_throughput", "server.peak_vram_gib", "p99_e2el_ms"]
@@ -360,6 +360,68 @@ def burst_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) ->
     ]  # fmt: skip
 
 
+def search_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig, search: Search) -> None:
+    from loadlens.experiment.search import oversaturated, repeat_passes
+
+    var = search.var
+    rows: list[dict[str, Any]] = []
+    for t in _done(result):
+        runs = [r for r in t.runs if r.error is None]
+        k = sum(repeat_passes(search, r.figures, r.verdict_status) for r in runs)
+        low, high = wilson(k, len(runs))
+        sat = any(oversaturated(search, r.figures) for r in runs)
+        rows.append({
+            var: t.params.get(var),
+            "passed": f"{k}/{len(runs)}",
+            "pass_probability": k / len(runs) if runs else None,
+            "pass_low": low,
+            "pass_high": high,
+            "goodput_ratio": _mean(t, "goodput_ratio"),
+            "request_goodput": _mean(t, "request_goodput"),
+            "p99_ttft_ms": _mean(t, "p99_ttft_ms"),
+            "p99_e2el_ms": _mean(t, "p99_e2el_ms"),
+            "error_ratio": _mean(t, "error_ratio"),
+            "verdicts": ", ".join(r.verdict_status or "-" for r in runs),
+            "level_passes": k * 2 > len(runs) and not sat,
+            "oversaturated": sat,
+        })  # fmt: skip
+    rows.sort(key=lambda r: float(r[var]))
+    cols = [Column(key=var, label=var), Column(key="passed", label="repeats passed"),
+            Column(key="pass_probability", label="pass probability"), Column(key="pass_low", label="95 % low"),
+            Column(key="pass_high", label="95 % high"), Column(key="goodput_ratio", label="goodput ratio"),
+            Column(key="request_goodput", label="goodput", unit="req/s"), _col("p99_ttft_ms"), _col("p99_e2el_ms"),
+            _col("error_ratio"), Column(key="verdicts", label="verdicts"), Column(key="level_passes", label="passes"),
+            Column(key="oversaturated", label="over-saturated")]  # fmt: skip
+    tables = [Table(name="levels", title=f"goodput and SLOs per {var} (the curve)", columns=cols, rows=rows)]
+    good = [r for r in rows if r["level_passes"]]
+    lo = max((float(r[var]) for r in good), default=None)
+    bad = [r for r in rows if not r["level_passes"] and (lo is None or float(r[var]) > lo)]
+    hi_row = min(bad, key=lambda r: float(r[var])) if bad else None
+    lo_row = next((r for r in rows if lo is not None and float(r[var]) == lo), None)
+    target = f"goodput ratio >= {search.goodput_target:g}" + (" and every SLO" if search.every_slo else "")
+    if lo_row is None:
+        finding = Finding(name="capacity_found", passed=None,
+                          detail=f"no level down to {search.min:g} met {target}")  # fmt: skip
+    elif hi_row is None:
+        finding = Finding(name="capacity_found", passed=None,
+                          detail=f"every level up to {search.max:g} met {target}: capacity >= {lo:g}")  # fmt: skip
+    else:
+        tables.append(Table(name="capacity", title=f"capacity under SLO ({target})", columns=[
+            Column(key="capacity", label=f"highest passing {var}"),
+            Column(key="next_failing", label=f"lowest failing {var}"),
+            Column(key="pass_low", label="its pass probability, 95 % low"),
+            Column(key="pass_high", label="its pass probability, 95 % high"),
+        ], rows=[{"capacity": lo, "next_failing": float(hi_row[var]), "pass_low": lo_row["pass_low"],
+                  "pass_high": lo_row["pass_high"]}]))  # fmt: skip
+        finding = Finding(name="capacity_found", passed=True,
+                          detail=f"capacity {var} = {lo:g} ({lo_row['passed']} repeats passed; {hi_row[var]:g} fails: "
+                          f"{hi_row['passed']} passed)")  # fmt: skip
+    result.tables = tables
+    result.findings = [finding]
+    result.plots = [Plot(name="goodput", title=f"goodput ratio vs {var}", x=var, x_label=var, y=["goodput_ratio"],
+                         y_label="goodput ratio")]  # fmt: skip
+
+
 def stopper(spec: Analysis) -> Callable[[Trial], str | None] | None:
     """burst with ``stop_on_failure``: stop once every repeat of a size failed."""
     if spec.kind != "burst" or not spec.stop_on_failure:
@@ -383,7 +445,9 @@ KINDS: dict[str, Callable[[Analysis, ExperimentResult, SLOConfig], None]] = {
 }
 
 
-def analyse(spec: Analysis, slos: SLOConfig) -> Callable[[ExperimentResult], ExperimentResult]:
+def analyse(
+    spec: Analysis, slos: SLOConfig, search: Search | None = None
+) -> Callable[[ExperimentResult], ExperimentResult]:
     """The analysis of ``spec.kind``; its figure names may be ``{PARAM}`` templates (``y: "{metric}"``),
     filled from the result's parameters."""
 
@@ -392,7 +456,11 @@ def analyse(spec: Analysis, slos: SLOConfig) -> Callable[[ExperimentResult], Exp
         filled = spec.model_copy(
             update={k: str(getattr(spec, k)).format(**params) for k in ("x", "y", "throughput") if getattr(spec, k)}
         )
-        KINDS[spec.kind](filled, result, slos)
+        if spec.kind == "search":
+            assert search is not None
+            search_analysis(filled, result, slos, search)
+        else:
+            KINDS[spec.kind](filled, result, slos)
         return result
 
     return run
