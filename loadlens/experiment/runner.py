@@ -434,11 +434,11 @@ class ExperimentRunner:
                             later.status, later.error = "skipped", reason
                         self.say(f"experiment {self.exp.spec.name}: {reason}; the remaining trials are skipped")
                 self.write()
-        except Interrupted:
+        except (Interrupted, KeyboardInterrupt):  # Ctrl-C outside a load too (a server starting, a PATCH)
             self.result.interrupted = True
             self.result.end_time = _now()
             self.write()
-            raise
+            raise Interrupted from None
         self.result.completed = all(t.status in ("done", "skipped") for t in self.result.trials)
         self.result.end_time = _now()
         self.result = self.analyse(self.result)

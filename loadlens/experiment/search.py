@@ -162,11 +162,11 @@ class SearchRunner(ExperimentRunner):
                         break
                 record.status, record.error = "done", None
                 self.write()
-        except Interrupted:
+        except (Interrupted, KeyboardInterrupt):  # Ctrl-C outside a load too (a server starting, a PATCH)
             self.result.interrupted = True
             self.result.end_time = _now()
             self.write()
-            raise
+            raise Interrupted from None
         self.result.completed = True
         self.result.end_time = _now()
         self.result = self.analyse(self.result)
