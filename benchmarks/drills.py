@@ -35,16 +35,14 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -56,51 +54,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadlens.contracts.slo import DEFAULT_SLO_FILE
 from loadlens.stack.runner import Stack, StackOptions
-from loadlens.util.http import http_ok
+from loadlens.util.child import Child, http_child_process
 from loadlens.util.net import free_port
 
 BODY_PROMPT = "drill prompt " * 16
 
 
-@dataclass(frozen=True)
-class Server:
-    url: str
-    pid: int
+Server = Child  # url and pid of a running `loadlens serve`
 
 
-@contextmanager
-def serve(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> Iterator[Server]:
+def serve(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0) -> AbstractContextManager[Child]:
     """A ``loadlens serve`` child on a free port until the block ends (SIGTERM, then SIGKILL)."""
     port = free_port()
     cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env={**os.environ, **(env or {})},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not http_ok(url + "/health"):
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-                raise RuntimeError(f"loadlens serve {' '.join(args)} exited with {proc.returncode}: {err}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"loadlens serve {' '.join(args)} did not become healthy in {timeout_s:.0f} s")
-            time.sleep(0.05)
-        yield Server(url, proc.pid)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    return http_child_process(cmd, port, timeout_s=timeout_s, env=env)
 
 
 def rss_bytes(pid: int) -> int:
@@ -237,7 +204,7 @@ async def _overload(url: str, clients: int, seconds: float) -> StormResult:
 
 def drill_overload(quick: bool) -> bool:
     seqs, waiting = (4, 4) if quick else (16, 16)
-    clients, seconds = 10 * (seqs + waiting), (5.0 if quick else 20.0)
+    clients, seconds = 10 * (seqs + waiting), (3.0 if quick else 20.0)
     knobs = ("--knob", f"max_num_seqs={seqs}", "--knob", f"max_waiting={waiting}")
     ok = True
     with (
@@ -327,7 +294,7 @@ def drill_otlp_down(quick: bool) -> bool:
     """Tracing to a live collector against tracing to a dead endpoint, side by side: the difference is what an
     outage of the collector costs the requests (tracing's own cost is the same on both sides). Tracing off is
     measured too, for scale."""
-    rounds, seconds, streams = (3, 2.0, 8) if quick else (5, 5.0, 16)
+    rounds, seconds, streams = (2, 2.0, 8) if quick else (5, 5.0, 16)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     off_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_TRACES_EXPORTER": ""}
     with otlp_sink() as (live, sink):

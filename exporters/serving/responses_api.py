@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError, field_validator
 from starlette.types import Send
 
 from exporters.serving.engine import EngineError, SamplingParams
-from exporters.serving.errors import engine_error_reason, engine_error_response, engine_error_status
+from exporters.serving.errors import engine_error_reason, engine_error_status
 from exporters.serving.protocol import (
     INT64_MAX,
     INT64_MIN,
@@ -38,7 +38,7 @@ from exporters.serving.protocol import (
     _Float,
     _validation_error,
 )
-from exporters.serving.streaming import GenerationResponse
+from exporters.serving.streaming import GenerationResponse, send_json
 
 # --- request ----------------------------------------------------------------------------------------------
 
@@ -196,28 +196,14 @@ class ResponsesAPIResponse(GenerationResponse):
                     finish_reason = ev.finish_reason.value
                 cached = ev.cached_tokens or cached
         except EngineError as err:
-            self._finished_producing = True
-            response = engine_error_response(err)
-            life.finish_error(response.status_code, engine_error_reason(err), err.message, self.engine_stream.timing)
-            await response({"type": "http"}, _no_receive, send)
+            await self._refuse_whole(err, send)
             return
         status = self._status(finish_reason)
         output = [self._message("".join(parts), status)]
         payload = json.dumps(self._response(status, output, finish_reason, cached, created)).encode()
         self._finished_producing = True
         life.finish_ok(finish_reason, self.engine_stream.timing, cached)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"x-request-id", life.request_id.encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send_json(send, payload, life.request_id)
 
     async def _stream(self, send: Send) -> None:
         life = self.life

@@ -165,10 +165,7 @@ class GenerationResponse(Response):
                     finish_reason, stop_reason = ev.finish_reason.value, ev.stop_reason
                 cached = ev.cached_tokens or cached
         except EngineError as err:
-            self._finished_producing = True
-            response = engine_error_response(err)
-            life.finish_error(response.status_code, engine_error_reason(err), err.message, self.engine_stream.timing)
-            await response({"type": "http"}, _no_receive, send)
+            await self._refuse_whole(err, send)
             return
         body = full_response(
             self.parsed.endpoint,
@@ -185,18 +182,14 @@ class GenerationResponse(Response):
         payload = json.dumps(body).encode()
         self._finished_producing = True
         life.finish_ok(finish_reason, self.engine_stream.timing, cached)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"x-request-id", life.request_id.encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send_json(send, payload, life.request_id)
+
+    async def _refuse_whole(self, err: EngineError, send: Send) -> None:
+        """An engine error before a non-streamed response started: counted, then its error response."""
+        self._finished_producing = True
+        response = engine_error_response(err)
+        self.life.finish_error(response.status_code, engine_error_reason(err), err.message, self.engine_stream.timing)
+        await response({"type": "http"}, _no_receive, send)
 
     async def _internal_error(self, exc: Exception, started: bool, send: Send) -> None:
         """A bug in loadlens or an engine crash mid-request: counted as 500, logged with the trace id, and
@@ -218,6 +211,22 @@ class GenerationResponse(Response):
     def _response_id(self) -> str:
         prefix = "chatcmpl-" if self.parsed.endpoint == "chat" else "cmpl-"
         return prefix + self.life.request_id
+
+
+async def send_json(send: Send, payload: bytes, request_id: str) -> None:
+    """A whole 200 JSON response (a non-streamed generation) with the request id."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"x-request-id", request_id.encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
 async def _no_receive() -> dict[str, Any]:

@@ -11,7 +11,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from loadlens.util.http import http_ok
@@ -21,18 +22,31 @@ class ChildError(RuntimeError):
     """The child exited or never answered; the message carries the end of its stderr."""
 
 
+@dataclass(frozen=True)
+class Child:
+    url: str  # http://127.0.0.1:<port>
+    pid: int  # the child's pid (its process group's id too)
+
+
 @contextlib.contextmanager
-def http_child(
+def http_child_process(
     argv: Sequence[str],
     port: int,
     *,
     health_path: str = "/health",
     cwd: Path | None = None,
     timeout_s: float = 30.0,
-) -> Iterator[str]:
-    """Start ``argv`` (its own process group), wait for ``http://127.0.0.1:<port><health_path>`` to answer 200."""
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Child]:
+    """Start ``argv`` (its own process group, ``env`` added to this environment), wait for
+    ``http://127.0.0.1:<port><health_path>`` to answer 200; stop it (SIGTERM, then SIGKILL) when the block ends."""
     proc = subprocess.Popen(
-        list(argv), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        list(argv),
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=None if env is None else {**os.environ, **env},
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -44,7 +58,7 @@ def http_child(
             if time.monotonic() > deadline:
                 raise ChildError(f"{argv[2:5]} did not answer {health_path} within {timeout_s:.0f} s")
             time.sleep(0.05)
-        yield url
+        yield Child(url, proc.pid)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -55,3 +69,17 @@ def http_child(
                 proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+@contextlib.contextmanager
+def http_child(
+    argv: Sequence[str],
+    port: int,
+    *,
+    health_path: str = "/health",
+    cwd: Path | None = None,
+    timeout_s: float = 30.0,
+) -> Iterator[str]:
+    """:func:`http_child_process`, yielding only the URL."""
+    with http_child_process(argv, port, health_path=health_path, cwd=cwd, timeout_s=timeout_s) as child:
+        yield child.url

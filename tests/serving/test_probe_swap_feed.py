@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry
 from exporters.probe import Probe
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
-from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.probe_swap_feed import ProbeSwapFeed
 from exporters.serving.swap_windows import SwapWindows
 from exporters.serving.tracing import Tracing
 from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
+from tests.serving.swap_rig import blocking_sim, total, write_adapter
 from tests.support.server import serve_app
 
 WALL0, MONO0 = 1_800_000_000.0, 5_000.0  # the fake clocks: Unix time WALL0 is monotonic MONO0
@@ -125,17 +125,6 @@ def test_the_thread_polls_until_stopped(tmp_path: Path) -> None:
 N = 6
 
 
-def _adapter(root: Path, name: str) -> None:
-    # Llama-8B shape, rank 256, all linear layers: 1.34 GB in bf16, read at 2 GB/s and speed 2: ~336 ms.
-    (root / name).mkdir(parents=True)
-    doc = {"r": 256, "lora_alpha": 512, "target_modules": "all-linear"}
-    (root / name / "adapter_config.json").write_text(json.dumps(doc), encoding="utf-8")
-
-
-def _total(registry: CollectorRegistry, name: str) -> float:
-    return sum(s.value for m in registry.collect() for s in m.samples if s.name == name)
-
-
 def _stream(url: str, started: threading.Event, errors: list[BaseException]) -> None:
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 600, "ignore_eos": True, "stream": True}
     try:
@@ -155,17 +144,10 @@ def test_loads_the_proxy_never_forwarded_are_attributed_from_the_probe(tmp_path:
     no call. A stand-in for the vLLM plugin records each of the sim's loop-blocking windows into a real probe,
     the proxy's feed reads the probe directory, and the proxy's blocking must match the sim's ground truth."""
     root, probe_dir = tmp_path / "adapters", tmp_path / "probe"
-    _adapter(root, "a1")
-    _adapter(root, "a2")
+    write_adapter(root, "a1")
+    write_adapter(root, "a2")
     sim_registry, proxy_registry = CollectorRegistry(), CollectorRegistry()
-    sim = SimEngine(
-        load_model_profile("deepseek-r1-distill-llama-8b"),
-        load_gpu_profile("h100-sxm"),
-        registry=sim_registry,
-        speed=2.0,
-        served_model_name="tiny",
-        knobs={"max_lora_rank": 256},
-    )
+    sim = blocking_sim(sim_registry)
     probe = Probe("vllm-worker", probe_dir, fake_torch(FakeCuda({}, [])), hostname="vllm-0", interval=60.0)
     probe.start()
     blocked_on = sim._live.charge_block
@@ -210,10 +192,10 @@ def test_loads_the_proxy_never_forwarded_are_attributed_from_the_probe(tmp_path:
     assert len(sim_windows) == 2
     loads = [(w.adapter, w.operation) for w in proxy.swap_windows.snapshot()]
     assert loads == [("a1", "load"), ("a2", "load")]  # from the probe alone: the proxy forwarded no call
-    sim_sum = _total(sim_registry, "loadlens_lora_swap_blocking_seconds_sum")
-    proxy_sum = _total(proxy_registry, "loadlens_lora_swap_blocking_seconds_sum")
-    sim_delayed = _total(sim_registry, "loadlens_lora_swap_delayed_requests_total")
-    proxy_delayed = _total(proxy_registry, "loadlens_lora_swap_delayed_requests_total")
+    sim_sum = total(sim_registry, "loadlens_lora_swap_blocking_seconds_sum")
+    proxy_sum = total(proxy_registry, "loadlens_lora_swap_blocking_seconds_sum")
+    sim_delayed = total(sim_registry, "loadlens_lora_swap_delayed_requests_total")
+    proxy_delayed = total(proxy_registry, "loadlens_lora_swap_delayed_requests_total")
     window_sum = sum(end - start for start, end in sim_windows)
     print(f"\nsim={sim_sum:.4f} proxy={proxy_sum:.4f} windows={window_sum:.4f} delayed={sim_delayed}/{proxy_delayed}")
     assert sim_sum == pytest.approx(N * window_sum, abs=1e-9)

@@ -18,17 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from loadlens import demo
 from loadlens.contracts.results import BenchmarkResult, parse_result
-from loadlens.contracts.slo import DEFAULT_SLO_FILE
-from loadlens.stack.runner import Stack, StackOptions
-from loadlens.util.net import free_port
+from loadlens.stack.runner import Stack
 from loadlens.util.verdict import parse_time
 from tests.loadgen.conftest import run_child, write_profile
-from tests.support.alertmanager import require_alertmanager
-from tests.support.prometheus import require_prometheus
+from tests.support.stack import running_stack
 
 pytestmark = pytest.mark.slow
 TTFT_ALERT = "LoadlensTTFTP99High"
@@ -36,24 +32,9 @@ TTFT_ALERT = "LoadlensTTFTP99High"
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    require_prometheus()
-    require_alertmanager()
-    slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
-    slo["alerting"].update({"latency_window": "40s", "latency_for": "30s", "min_request_rate": 0.1})
-    slo_file = tmp_path / "slos.yaml"
-    slo_file.write_text(yaml.safe_dump(slo))
-    options = StackOptions(
-        run_dir=tmp_path / "run", serve_port=free_port(), gpu_port=free_port(), pager_port=free_port(),
-        loadgen_port=free_port(), prometheus_port=free_port(), alertmanager_port=free_port(),
-        model_profile="tiny", gpu_profile="h100-sxm", knobs=["max_waiting=1000"], slo_file=slo_file,
-        scrape_interval="1s",
-    )  # fmt: skip
-    s = Stack(options, say=lambda _: None)
-    s.up()
-    try:
+    alerting = {"latency_window": "40s", "latency_for": "30s", "min_request_rate": 0.1}
+    with running_stack(tmp_path, alerting=alerting, knobs=["max_waiting=1000"]) as s:
         yield s
-    finally:
-        s.down()
 
 
 def _urls(stack: Stack) -> dict[str, str]:

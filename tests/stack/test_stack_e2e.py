@@ -18,13 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from loadlens.contracts.slo import DEFAULT_SLO_FILE
-from loadlens.stack.runner import Stack, StackOptions
-from loadlens.util.net import free_port
-from tests.support.alertmanager import require_alertmanager
-from tests.support.prometheus import require_prometheus
+from loadlens.stack.runner import Stack
+from tests.support.stack import running_stack
 
 PAGE_BOUND_S = 45
 RESOLVE_BOUND_S = 60
@@ -32,32 +28,9 @@ RESOLVE_BOUND_S = 60
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    require_prometheus()
-    require_alertmanager()
-    slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
-    slo["alerting"].update({"latency_window": "10s", "latency_for": "5s", "min_request_rate": 0.1})
-    slo_file = tmp_path / "slos.yaml"
-    slo_file.write_text(yaml.safe_dump(slo))
-    options = StackOptions(
-        run_dir=tmp_path / "run",
-        serve_port=free_port(),
-        gpu_port=free_port(),
-        pager_port=free_port(),
-        loadgen_port=free_port(),
-        prometheus_port=free_port(),
-        alertmanager_port=free_port(),
-        model_profile="tiny",
-        gpu_profile="h100-sxm",
-        knobs=["max_waiting=1000"],
-        slo_file=slo_file,
-        scrape_interval="1s",
-    )
-    s = Stack(options, say=lambda _: None)
-    s.up()
-    try:
+    alerting = {"latency_window": "10s", "latency_for": "5s", "min_request_rate": 0.1}
+    with running_stack(tmp_path, alerting=alerting, knobs=["max_waiting=1000"]) as s:
         yield s
-    finally:
-        s.down()
 
 
 def _url(stack: Stack, name: str) -> str:

@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from loadlens.stack.runner import PROBE_DIR, Stack, StackOptions
+from loadlens.stack.runner import PROBE_DIR, Stack
 from loadlens.train_demo import ALERT, training_command, wait_for_page
-from loadlens.util.net import free_port
-from tests.support.alertmanager import require_alertmanager
-from tests.support.prometheus import require_prometheus
+from tests.support.stack import running_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 PAGE_BOUND_S = 60
@@ -29,19 +27,8 @@ PAGE_BOUND_S = 60
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    require_prometheus()
-    require_alertmanager()
-    options = StackOptions(
-        run_dir=tmp_path / "run", serve_port=free_port(), gpu_port=free_port(), pager_port=free_port(),
-        loadgen_port=free_port(), training_port=free_port(), prometheus_port=free_port(),
-        alertmanager_port=free_port(), model_profile="tiny", gpu_profile="h100-sxm", scrape_interval="1s",
-    )  # fmt: skip
-    s = Stack(options, say=lambda _: None)
-    s.up()
-    try:
+    with running_stack(tmp_path) as s:
         yield s
-    finally:
-        s.down()
 
 
 def test_learning_rate_spike_pages_grad_norm_jump(stack: Stack) -> None:
