@@ -143,18 +143,20 @@ def u_curve_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) 
 
 
 def _optimum_finding(spec: Analysis, f: UCurveFit) -> Finding:
-    """An interior minimum counts when the fit is good (R² >= min_r2) and dips by at least min_dip below
-    the curve's lower end: a fit bending a few per cent to noise at one end is no U."""
+    """An interior minimum counts when the fit is good (R² >= min_r2) and dips below the curve's lower end by
+    at least min_dip and by more than twice the fit's RMS residual: a fit bending to noise at one end (a
+    millisecond-scale TTFT on a busy machine scatters by 10-20 %) is no U."""
     name = "optimum_inside_range"
     where = f"[{f.x_min:g}, {f.x_max:g}]"
     if f.r2 < spec.min_r2:
         return Finding(name=name, passed=None, detail=f"not judged: the fit's R² {f.r2:.3f} is below {spec.min_r2}")
-    if f.interior and f.dip_ratio >= spec.min_dip:
+    if f.interior and f.dip_ratio >= spec.min_dip and f.dip > 2 * f.rmse:
         detail = f"fitted minimum {f.optimum_y:.4g} at {spec.x} = {f.optimum_x:.4g} inside {where}, "
         return Finding(name=name, passed=True, detail=detail + f"{f.dip_ratio:.1%} below the lower end")
     if f.interior:
-        detail = (f"no U: the fitted minimum at {spec.x} = {f.optimum_x:.4g} is only {f.dip_ratio:.1%} below the "
-                  f"curve's lower end (needs {spec.min_dip:.0%})")  # fmt: skip
+        detail = (f"no U: the fitted minimum at {spec.x} = {f.optimum_x:.4g} is only {f.dip_ratio:.1%} ({f.dip:.4g}) "
+                  f"below the curve's lower end (needs {spec.min_dip:.0%} and more than twice the fit's RMS "
+                  f"residual, {2 * f.rmse:.4g})")  # fmt: skip
         return Finding(name=name, passed=False, detail=detail)
     best = f"best end {spec.x} = {f.optimum_x:g}: {f.optimum_y:.4g}"
     detail = f"no interior minimum: the fit is monotone over {where} ({best})"

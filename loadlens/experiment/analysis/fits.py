@@ -41,6 +41,17 @@ class UCurveFit:
     x_max: float
     optimum_x: float
     optimum_y: float
+    points: int = 0  # how many (x, y) points were fitted
+
+    @property
+    def rmse(self) -> float:
+        """Root-mean-square residual of the fit: the scatter a dip must exceed to be more than noise."""
+        return math.sqrt(self.sse / self.points) if self.points else 0.0
+
+    @property
+    def dip(self) -> float:
+        """How far the fitted minimum lies below the lower of the curve's two ends, in y's unit (0: monotone)."""
+        return max(0.0, min(self.predict(self.x_min), self.predict(self.x_max)) - self.optimum_y)
 
     def predict(self, x: float) -> float:
         return float(self.a + self.b * x**-self.p + self.c * x**self.q)
@@ -154,4 +165,4 @@ def fit_u_curve(xs: Sequence[float], ys: Sequence[float]) -> UCurveFit:
     else:
         x_opt = hi if c == 0 else lo  # monotone: decreasing without the rising term, else rising
     fit = UCurveFit(a, b, p, c, q, r2, residual, lo, hi, x_opt, 0.0)
-    return UCurveFit(a, b, p, c, q, r2, residual, lo, hi, x_opt, fit.predict(x_opt))
+    return UCurveFit(a, b, p, c, q, r2, residual, lo, hi, x_opt, fit.predict(x_opt), len(xs))
