@@ -184,22 +184,13 @@ class ResponsesAPIResponse(GenerationResponse):
     async def _whole(self, send: Send) -> None:
         life = self.life
         created = int(time.time())
-        parts: list[str] = []
-        finish_reason: str | None = None
-        cached = 0
         try:
-            async for ev in self.engine_stream:
-                life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
-                if ev.text:
-                    parts.append(ev.text)
-                if ev.finish_reason is not None:
-                    finish_reason = ev.finish_reason.value
-                cached = ev.cached_tokens or cached
+            text, finish_reason, _, cached = await self._collect()
         except EngineError as err:
             await self._refuse_whole(err, send)
             return
         status = self._status(finish_reason)
-        output = [self._message("".join(parts), status)]
+        output = [self._message(text, status)]
         payload = json.dumps(self._response(status, output, finish_reason, cached, created)).encode()
         self._finished_producing = True
         life.finish_ok(finish_reason, self.engine_stream.timing, cached)

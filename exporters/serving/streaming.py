@@ -150,20 +150,27 @@ class GenerationResponse(Response):
         life.finish_ok(finish_reason, self.engine_stream.timing, cached)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _whole(self, send: Send) -> None:
+    async def _collect(self) -> tuple[str, str | None, str | None, int]:
+        """A non-streamed generation read to its end: (text, finish reason, stop reason, cached prompt tokens),
+        each event recorded as it arrives. Raises the engine's EngineError."""
         life = self.life
         parts: list[str] = []
         finish_reason: str | None = None
         stop_reason: str | None = None
         cached = 0
+        async for ev in self.engine_stream:
+            life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
+            if ev.text:
+                parts.append(ev.text)
+            if ev.finish_reason is not None:
+                finish_reason, stop_reason = ev.finish_reason.value, ev.stop_reason
+            cached = ev.cached_tokens or cached
+        return "".join(parts), finish_reason, stop_reason, cached
+
+    async def _whole(self, send: Send) -> None:
+        life = self.life
         try:
-            async for ev in self.engine_stream:
-                life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
-                if ev.text:
-                    parts.append(ev.text)
-                if ev.finish_reason is not None:
-                    finish_reason, stop_reason = ev.finish_reason.value, ev.stop_reason
-                cached = ev.cached_tokens or cached
+            text, finish_reason, stop_reason, cached = await self._collect()
         except EngineError as err:
             await self._refuse_whole(err, send)
             return
@@ -172,7 +179,7 @@ class GenerationResponse(Response):
             self._response_id(),
             self.model,
             int(time.time()),
-            "".join(parts),
+            text,
             finish_reason,
             stop_reason,
             life.prompt_tokens,
