@@ -59,7 +59,7 @@ test: venv system-deps k8s-tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=25 $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
