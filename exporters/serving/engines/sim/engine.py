@@ -2,8 +2,10 @@
 
 One asyncio task runs the step loop. It idles until work arrives; after the first arrival into an idle
 engine it waits up to ``batching_window_us`` (or until the batch is full) so more requests join the first
-step. Each step the scheduler plans a batch, the roofline model prices it, and the loop sleeps until the
-step's absolute deadline (previous deadline + modeled duration / ``speed``, so errors never accumulate);
+step; with ``batching_window_mode=admission`` every admission waits for the window while the running
+requests keep decoding, and a step that admits pays ``insertion_overhead_us`` (guide 4.1's U-curve).
+Each step the scheduler plans a batch, the roofline model prices it, and the loop sleeps until the step's
+absolute deadline (previous deadline + modeled duration / ``speed``, so errors never accumulate);
 then every sampled request gets one token. Engine-side timestamps (``RequestTiming`` marks and every
 ``vllm:*`` latency) are wall-clock ``time.monotonic()`` instants of what really happened: a request is
 scheduled when the loop planned the step that took it, and a token is produced when its event is handed to
@@ -151,6 +153,7 @@ class SimEngine(Engine):
         self._was_idle = True
         self._first_arrival: float | None = None
         self._window: asyncio.Future[float] | None = None
+        self._last_admission = -math.inf
         self._cursor = time.monotonic()
         self._stopping = False
         self._crashed: BaseException | None = None
@@ -357,10 +360,29 @@ class SimEngine(Engine):
                 self._late_since_log = self._slips_since_log = 0
         return now
 
+    def _admission_close(self) -> float | None:
+        """``admission`` mode: when the window gathering the waiting requests closes (loop clock), or None when
+        they may join now (mode off, nothing waiting, or enough waiting to fill a batch)."""
+        k, s = self._state.knobs, self._sched
+        if k.batching_window_mode != "admission" or k.batching_window_us <= 0 or not s.num_waiting:
+            return None
+        if s.num_waiting >= k.max_num_seqs or s.waiting_tokens >= k.max_num_batched_tokens:
+            return None
+        oldest = s.earliest_arrival()
+        opened = max(self._last_admission, oldest if oldest is not None else -math.inf)
+        return opened + k.batching_window_us * 1e-6 / self.speed
+
     async def _step(self) -> None:
         speed = self.speed
         t0 = self._cursor
-        batch = self._sched.schedule(t0)
+        close = self._admission_close()
+        admit = close is None or close <= t0
+        if not admit and not self._sched.running:
+            # Nothing runs while the window gathers: wait for it to close (or the batch to fill).
+            assert close is not None
+            self._cursor = max(t0, await self._batching_window(close))
+            return
+        batch = self._sched.schedule(t0, admit=admit)
         if not batch:
             now = time.monotonic()
             if t0 < now:
@@ -382,7 +404,11 @@ class SimEngine(Engine):
         for req in batch.preempted:
             live[req.request_id].stream.timing.preemptions += 1
         factor = math.exp(self._jitter_rng.gauss(0.0, self.jitter)) if self.jitter else 1.0
-        step = price_step(self.model, self.gpu, batch, start=t0, speed=speed, factor=factor)
+        insertion = self._state.knobs.insertion_overhead_us * 1e-6
+        step = price_step(self.model, self.gpu, batch, start=t0, speed=speed, factor=factor,
+                          insertion_overhead=insertion)  # fmt: skip
+        if batch.num_admitted:
+            self._last_admission = t0
         for load in batch.adapter_loads:
             if not self._device.load_adapter(load.adapter):
                 self._fail_adapter(load.adapter)

@@ -19,6 +19,8 @@ from exporters.serving.engines.sim.roofline import BLOCK_SIZE
 LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's allowed ``max_lora_rank`` values."""
 POLICIES: tuple[str, ...] = ("fcfs", "priority")
+WINDOW_MODES: tuple[str, ...] = ("idle", "admission")
+"""Where ``batching_window_us`` applies: only after idleness (the default), or before every admission."""
 STARTUP_ONLY: frozenset[str] = frozenset({"max_model_len"})
 
 
@@ -32,6 +34,14 @@ class Knobs:
     batching_window_us: float = 0.0
     """After the first arrival into an idle engine, wait this long (modeled µs) to fill the batch. vLLM has
     no such window (0); guide 4.1 sweeps 10-200 µs."""
+    batching_window_mode: str = "idle"
+    """``idle``: the window applies only after idleness. ``admission``: waiting requests join the running
+    batch at most once per window: admission waits until ``batching_window_us`` has passed since the later
+    of the oldest waiting arrival and the last admission (or until the waiting requests would fill a batch),
+    while the running requests keep decoding."""
+    insertion_overhead_us: float = 0.0
+    """Modeled µs of host time added to every step that moves waiting requests into the batch (scheduling
+    lock, input preparation, prefill launch). 0 = off (the default); guide 4.4 puts vLLM's at ~12 ms."""
     scheduling_policy: str = "fcfs"
     max_waiting: int = 1024
     """Bound of the waiting queue (vLLM's max_num_queued_reqs); beyond it requests get QUEUE_FULL."""
@@ -107,8 +117,12 @@ def coerce(name: str, value: Any) -> Any:
             return None if value is None else _int(name, value, 1, 1 << 40)
         case "enable_chunked_prefill" | "enable_prefix_caching":
             return _bool(name, value)
-        case "batching_window_us":
+        case "batching_window_us" | "insertion_overhead_us":
             return _float(name, value, 0.0, 1e6)
+        case "batching_window_mode":
+            if value not in WINDOW_MODES:
+                raise _bad(name, f"must be one of {', '.join(WINDOW_MODES)}, got {value!r}")
+            return value
         case "gpu_memory_utilization":
             return _float(name, value, 0.0, 1.0, low_open=True)
         case "max_lora_rank":

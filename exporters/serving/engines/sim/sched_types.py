@@ -109,6 +109,8 @@ class ScheduledBatch:
     adapter_evictions: list[Adapter]
     prefix_queries: int
     prefix_hits: int
+    num_admitted: int = 0
+    """Waiting requests (new or preempted) this step moved into the batch: it pays the insertion overhead."""
 
     def __bool__(self) -> bool:
         return bool(self.reqs)

@@ -117,8 +117,9 @@ class Scheduler:
 
     # --- the step ------------------------------------------------------------------------------------------
 
-    def schedule(self, cutoff: float = math.inf) -> ScheduledBatch:
-        """Plan one step that starts at time ``cutoff``: requests that arrived later wait for the next one."""
+    def schedule(self, cutoff: float = math.inf, *, admit: bool = True) -> ScheduledBatch:
+        """Plan one step that starts at time ``cutoff``: requests that arrived later wait for the next one.
+        ``admit=False`` schedules the running requests only (an admission window is still gathering)."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         scheduled: dict[SchedRequest, int] = {}
@@ -126,7 +127,7 @@ class Scheduler:
         newly: list[SchedRequest] = []
         loads: list[AdapterLoad] = []
         evictions: list[Adapter] = []
-        queries = hits_total = 0
+        queries = hits_total = admitted = 0
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -154,7 +155,7 @@ class Scheduler:
 
         skipped: list[SchedRequest] = []
         future: list[SchedRequest] = []
-        if not preempted:
+        if admit and not preempted:
             active = {r.lora.name for r in self.running if r.lora is not None}
             while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting.peek()
@@ -202,6 +203,7 @@ class Scheduler:
                 self.running.append(req)
                 scheduled[req] = n
                 budget -= n
+                admitted += 1
             for req in reversed(skipped + future):
                 self.waiting.add_front(req)
         self.num_deferred = len(skipped)
@@ -222,6 +224,7 @@ class Scheduler:
             adapter_evictions=evictions,
             prefix_queries=queries,
             prefix_hits=hits_total,
+            num_admitted=admitted,
         )
 
     def _shape(self, reqs: list[SchedRequest], num_new: list[int]) -> BatchShape:

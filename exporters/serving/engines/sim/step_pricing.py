@@ -3,6 +3,7 @@ stall it first, the jitter factor and ``speed``."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from exporters.serving.engines.sim import roofline
@@ -26,9 +27,17 @@ class PricedStep:
 
 
 def price_step(
-    model: ModelProfile, gpu: GPUProfile, batch: ScheduledBatch, *, start: float, speed: float, factor: float
+    model: ModelProfile,
+    gpu: GPUProfile,
+    batch: ScheduledBatch,
+    *,
+    start: float,
+    speed: float,
+    factor: float,
+    insertion_overhead: float = 0.0,
 ) -> PricedStep:
-    """``factor`` scales every modeled second (jitter; 1.0 without); wall = modeled x factor / speed."""
+    """``factor`` scales every modeled second (jitter; 1.0 without); wall = modeled x factor / speed.
+    ``insertion_overhead`` (modeled s) is host time added when the step admits waiting requests."""
     stall = 0.0
     loads: list[tuple[str, float]] = []
     for load in batch.adapter_loads:
@@ -37,6 +46,8 @@ def price_step(
         # Unjittered, as the old loop observed it.
         loads.append(("storage" if load.from_disk else "host", seconds / speed))
     cost = roofline.step_cost(model, gpu, batch.shape, stall_seconds=stall)
+    if insertion_overhead and batch.num_admitted:
+        cost = dataclasses.replace(cost, overhead_seconds=cost.overhead_seconds + insertion_overhead)
     end = start + cost.total_seconds * factor / speed
     stall_end = start + stall * factor / speed
     busy_start = stall_end + cost.overhead_seconds * factor / speed

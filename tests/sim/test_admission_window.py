@@ -1,0 +1,126 @@
+"""The admission window and the insertion overhead (guide 4.1's U-curve mechanism; docs/sim-engine.md §1).
+
+`batching_window_mode=admission` holds waiting requests out of the running batch until the window has passed
+since the later of the oldest waiting arrival and the last admission; `insertion_overhead_us` is host time
+added to a step that admits. Both default off, and then the engine behaves as before (the rest of tests/sim).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from exporters.serving.engine import EngineError
+from exporters.serving.engines.sim import load_gpu_profile, load_model_profile, roofline
+from exporters.serving.engines.sim.knobs import Knobs, merge
+from exporters.serving.engines.sim.sched_types import SchedRequest, SchedulerConfig
+from exporters.serving.engines.sim.scheduler import Scheduler
+from exporters.serving.engines.sim.step_pricing import price_step
+from tests.sim.helpers import collect, make_engine, prompt_of, request, run
+
+WAKE_SLACK = 0.05  # as tests/sim/test_engine.py: how late a wall-clock mark may be on a loaded CI machine
+
+
+def test_defaults_keep_the_window_idle_only_and_no_insertion_overhead() -> None:
+    k = Knobs()
+    assert (k.batching_window_mode, k.insertion_overhead_us) == ("idle", 0.0)
+    on = merge(k, {"batching_window_mode": "admission", "insertion_overhead_us": 12000})
+    assert (on.batching_window_mode, on.insertion_overhead_us) == ("admission", 12000.0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "param", "message"),
+    [
+        ({"batching_window_mode": "always"}, "batching_window_mode", "must be one of idle, admission, got 'always'"),
+        ({"insertion_overhead_us": -1}, "insertion_overhead_us", "must be in [0.0, 1000000.0], got -1"),
+        ({"insertion_overhead_us": "12ms"}, "insertion_overhead_us", "must be a finite number, got '12ms'"),
+    ],
+)
+def test_bad_values_name_the_knob(changes: dict[str, object], param: str, message: str) -> None:
+    with pytest.raises(EngineError) as err:
+        merge(Knobs(), changes)
+    assert err.value.param == param and message in err.value.message
+
+
+def test_schedule_without_admission_runs_only_the_running_requests_and_counts_admissions() -> None:
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=512), 1000)
+    a, b, c = (SchedRequest(request_id=n, prompt_len=32) for n in "abc")
+    s.add(a)
+    first = s.schedule()
+    assert first.num_admitted == 1
+    s.complete(first)
+    s.add(b)
+    s.add(c)
+    held = s.schedule(admit=False)
+    assert [r.request_id for r in held.reqs] == ["a"] and held.num_new == [1] and held.num_admitted == 0
+    s.complete(held)
+    both = s.schedule()
+    assert [r.request_id for r in both.reqs] == ["a", "b", "c"] and both.num_admitted == 2
+
+
+def test_insertion_overhead_is_host_time_of_admitting_steps_only() -> None:
+    model, gpu = load_model_profile("deepseek-r1-distill-llama-8b"), load_gpu_profile("h200")
+    s = Scheduler(SchedulerConfig(), 1000)
+    s.add(SchedRequest(request_id="a", prompt_len=64))
+    admitting = s.schedule()
+    priced = price_step(model, gpu, admitting, start=0.0, speed=1.0, factor=1.0, insertion_overhead=0.012)
+    plain = roofline.step_cost(model, gpu, admitting.shape)
+    assert priced.cost.overhead_seconds == pytest.approx(plain.overhead_seconds + 0.012, abs=1e-12)
+    assert priced.cost.busy_seconds == pytest.approx(plain.busy_seconds, abs=1e-12)  # the GPU idles meanwhile
+    assert priced.end == pytest.approx(plain.total_seconds + 0.012, abs=1e-12)
+    s.complete(admitting)
+    decoding = s.schedule()
+    assert decoding.num_admitted == 0
+    again = price_step(model, gpu, decoding, start=0.0, speed=1.0, factor=1.0, insertion_overhead=0.012)
+    assert again.end == pytest.approx(roofline.step_cost(model, gpu, decoding.shape).total_seconds, abs=1e-12)
+
+
+def test_admission_window_gathers_arrivals_while_the_batch_runs() -> None:
+    """A long request is decoding (Llama-8B steps: ~0.4 ms wall at speed 20, so the loop keeps time); two
+    more arrive 5 ms apart (wall). In `admission` mode both wait for the window (0.5 s modeled = 25 ms wall)
+    and join in one step; in `idle` mode the first joins at the next step, before the second arrives."""
+    model = "deepseek-r1-distill-llama-8b"
+
+    async def body(mode: str) -> tuple[float, float, float]:
+        engine, _ = make_engine(model, speed=20.0, batching_window_us=500_000, batching_window_mode=mode)
+        await engine.start()
+        long = await engine.generate(request("long", prompt_of(16), model=model, max_tokens=1000))
+        async for _ in long:  # it runs (and its admission is behind us) once it has a token
+            break
+        b = await engine.generate(request("b", prompt_of(16, 1), model=model, max_tokens=2))
+        await asyncio.sleep(0.005)
+        c = await engine.generate(request("c", prompt_of(16, 2), model=model, max_tokens=2))
+        await asyncio.gather(collect(b), collect(c))
+        await long.aclose()
+        await engine.stop()
+        tb, tc = b.timing, c.timing
+        assert tb.scheduled is not None and tc.scheduled is not None and tb.queued is not None
+        return tb.scheduled - tb.queued, tc.scheduled - tb.scheduled, tc.scheduled
+
+    waited, apart, _ = run(body("admission"))
+    assert 0.025 <= waited <= 0.025 + WAKE_SLACK
+    assert apart == 0.0  # one step took both
+    waited_idle, apart_idle, _ = run(body("idle"))
+    assert waited_idle < 0.005 and apart_idle > 0.0
+
+
+def test_an_admitting_step_pays_the_insertion_overhead_and_decode_steps_do_not() -> None:
+    model, gpu = load_model_profile("tiny"), load_gpu_profile("h100-sxm")
+    speed, overhead_us = 10.0, 100_000.0  # 100 ms modeled = 10 ms wall per admitting step
+
+    async def body() -> tuple[float, float]:
+        engine, _ = make_engine(speed=speed, insertion_overhead_us=overhead_us)
+        await engine.start()
+        stream = await engine.generate(request("a", prompt_of(32), max_tokens=4))
+        await collect(stream)
+        await engine.stop()
+        t = stream.timing
+        assert t.queued is not None and t.first_token is not None and t.finished is not None
+        return t.first_token - t.queued, t.finished - t.first_token
+
+    ttft, decode = run(body())
+    prefill = roofline.step_cost(model, gpu, roofline.BatchShape(32, 1, 1, roofline.attn_pairs(32, 0), 0))
+    floor = (prefill.total_seconds + overhead_us * 1e-6) / speed
+    assert floor <= ttft <= floor + WAKE_SLACK
+    assert decode < overhead_us * 1e-6 / speed  # three decode steps of ~0.7 ms modeled each, no overhead
