@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from tests.dashboards import engine_expositions
 from tests.gpu import golden
 
 
 def main() -> int:
-    return golden.main()
+    return golden.main() or engine_expositions.main()
 
 
 if __name__ == "__main__":

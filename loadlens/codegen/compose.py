@@ -30,6 +30,9 @@ HOSTS: dict[str, str] = {
     "prometheus": "prometheus",
     "alertmanager": "alertmanager",
 }
+# An sglang server in vLLM's place: a service (or network alias) of this name, listening on the upstream port with
+# --enable-metrics, is scraped into the serving job like vLLM (its sglang:* series feed loadlens-serving-sglang).
+SGLANG_HOST = "sglang"
 # Inside the compose network Prometheus and Alertmanager listen on their well-known ports; the host
 # publishes them on PORTS' 19090/19093 (see docker-compose.yml).
 CONTAINER_PORT: dict[str, int] = {**PORT, "prometheus": 9090, "alertmanager": 9093}
@@ -55,13 +58,15 @@ def prometheus() -> dict[str, Any]:
         alertmanagers=[target("alertmanager")],
     )
     # Profile gpu: vLLM's own /metrics (the vllm:* series) belong to the serving job, as they do when the sim
-    # engine emits them, so one set of rules and dashboards serves both profiles. DNS discovery rather than a
-    # static target: in profile sim the name `vllm` does not resolve, so there is no target (and no false
-    # LoadlensServingDown), instead of a target that is always down.
+    # engine emits them, so one set of rules and dashboards serves both profiles (an sglang upstream's too).
+    # DNS discovery rather than a static target: in profile sim the name `vllm` does not resolve (nor does
+    # `sglang` unless such a service is added), so there is no target (and no false LoadlensServingDown),
+    # instead of a target that is always down.
     serve_job = PORT_JOB["serve"]
     for job in config["scrape_configs"]:
         if job["job_name"] == serve_job:
-            upstream = {"names": [HOSTS["upstream"]], "type": "A", "port": CONTAINER_PORT["upstream"]}
+            names = [HOSTS["upstream"], SGLANG_HOST]
+            upstream = {"names": names, "type": "A", "port": CONTAINER_PORT["upstream"]}
             job["dns_sd_configs"] = [{**upstream, "refresh_interval": "30s"}]
             # A discovered target's instance would be the container's IP, which changes on every restart;
             # name it like the static targets (`vllm:8001`). Static targets have no __meta_dns_name.

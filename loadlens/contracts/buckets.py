@@ -61,6 +61,29 @@ def build_1_2_5_buckets(max_value: int) -> list[float]:
         exponent += 1
 
 
+# --- sglang families (upstream values; do not edit) -----------------------------------------------------
+# loadlens emits none of these: they shape the recorded sglang exposition of tests/fixtures/sglang/ and are
+# sglang's defaults (python/sglang/srt/observability/metrics_collector.py, commit 44cedc2b9c7d).
+
+SGLANG_TIME_TO_FIRST_TOKEN: tuple[float, ...] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
+)  # fmt: skip
+SGLANG_E2E_REQUEST_LATENCY: tuple[float, ...] = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400,
+)  # fmt: skip
+SGLANG_INTER_TOKEN_LATENCY: tuple[float, ...] = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200,
+    0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
+SGLANG_QUEUE_TIME: tuple[float, ...] = (
+    0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600,
+    700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000,
+)  # fmt: skip
+SGLANG_PER_STAGE_LATENCY: tuple[float, ...] = tuple(0.001 * 1.62**i for i in range(30))
+"""``exponential_buckets(start=0.001, width=1.62, length=30)``: 1 ms to about 1191 s."""
+SGLANG_NUM_RETRACTIONS: tuple[float, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 75, 100)
+
+
 # --- OTel GenAI semantic-convention families (serving layer, every engine) -----------------------------
 
 GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: tuple[float, ...] = (

@@ -1,4 +1,5 @@
-"""The loadlens dashboards by file stem: one module each (``overview``, ``gpu``, ``serving``, ``training``), sharing
+"""The loadlens dashboards by file stem: one module each (``overview``, ``gpu``, ``serving``, ``training``; serving in
+two metric dialects, vLLM's and sglang's), sharing
 selectors, variables and annotations through ``common``. Thresholds come from the SLO file, so
 `make generate` keeps the lines in step with it.
 """
@@ -23,5 +24,7 @@ def dashboards(slo_file: Path | None = None) -> dict[str, Dashboard]:
         "loadlens-overview": overview.dashboard(),
         "loadlens-gpu": gpu.dashboard(slos),
         "loadlens-serving": serving.dashboard(slos),
+        # The same panels for an sglang upstream, its sglang: series in place of vllm: (contracts/engine_series.py).
+        "loadlens-serving-sglang": serving.dashboard(slos, "sglang"),
         "loadlens-training": training.dashboard(slos),
     }

@@ -22,7 +22,6 @@ GPU_ON_INSTANCE = f'{job_selector(GPU_JOB)}, instance=~"$instance"'
 GPU = f'{GPU_ON_INSTANCE}, gpu=~"$gpu"'
 LOADGEN_STAGE = LOADGEN + ', stage=~"$stage"'
 CLIENT_FAILED = CLIENT + ', outcome!="success"'
-ENGINE_FAILED = SERVE + ', finished_reason=~"abort|error"'
 SLO_LEGEND = "SLO {{priority_class}}"
 SLO_DASHED = "^SLO .*"
 

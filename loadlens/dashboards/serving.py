@@ -1,15 +1,18 @@
 """The serving engine dashboard: scheduler, KV cache, batch size, request phases, priority classes, LoRA,
 rejections, and the simulator's own timing (sim engine only).
 
+Two views from the same panels: vLLM's metric dialect (``loadlens-serving``: vLLM, and the sim, which speaks
+it) and sglang's (``loadlens-serving-sglang``); ``engine.EngineView`` maps each engine series through
+loadlens/contracts/engine_series.py and leaves out what sglang does not export.
 Constant thresholds (KV cache, fairness, swap share) come from the SLO file, baked in at generation time.
 """
 
 from __future__ import annotations
 
+from loadlens.contracts.engine_series import Dialect
 from loadlens.contracts.ports import SERVE_JOB, job_selector
 from loadlens.contracts.slo import SLOConfig
 from loadlens.dashboards.common import (
-    ENGINE_FAILED,
     GENAI,
     LOADGEN,
     SERVE,
@@ -20,7 +23,11 @@ from loadlens.dashboards.common import (
     stage_annotation,
     variables,
 )
+from loadlens.dashboards.engine import Absent, Drawn, EngineView
 from loadlens.dashboards.model import Dashboard, Panel, Row, Target, Threshold, increase, mean, quantile, rate
+
+UIDS: dict[Dialect, str] = {"vllm": "loadlens-serving", "sglang": "loadlens-serving-sglang"}
+TITLES: dict[Dialect, str] = {"vllm": "loadlens / Serving engine", "sglang": "loadlens / Serving engine (sglang)"}
 
 # Adapter lists longer than this count as this many (PromQL has no string functions, so the count is a ladder).
 LORA_COUNT_CAP = 8
@@ -42,65 +49,83 @@ def lora_adapter_count(label: str, selector: str, cap: int = LORA_COUNT_CAP) -> 
     return "sum(" + " or ".join(rungs) + ")"
 
 
-def dashboard(slos: SLOConfig) -> Dashboard:
-    sched = Row(
+def _row(title: str, panels: tuple[Panel | None, ...]) -> Row | None:
+    kept = tuple(p for p in panels if p is not None)
+    return Row(title, kept) if kept else None
+
+
+def _spread(e: EngineView, vllm: str) -> list[Target | Drawn | Absent]:
+    """p50, p99 and mean of an engine histogram."""
+    return [
+        e.target(vllm, lambda s: s.quantile(0.5, SERVE), "p50"),
+        e.target(vllm, lambda s: s.quantile(0.99, SERVE), "p99"),
+        e.target(vllm, lambda s: s.mean(SERVE), "mean"),
+    ]
+
+
+def dashboard(slos: SLOConfig, dialect: Dialect = "vllm") -> Dashboard:
+    e = EngineView(dialect)
+    sched = _row(
         "Scheduler",
         (
-            Panel(
-                "Running / waiting",
-                "short",
-                (
-                    Target(f"sum(vllm:num_requests_running{{{SERVE}}})", "running"),
-                    Target(f"sum(vllm:num_requests_waiting{{{SERVE}}})", "waiting"),
-                    Target(f"sum by (reason) (vllm:num_requests_waiting_by_reason{{{SERVE}}})", "waiting: {{reason}}"),
+            e.panel(
+                Panel(
+                    "Running / waiting",
+                    "short",
+                    (),
+                    "Requests in the engine's batch, waiting for it (capacity or deferred for LoRA slots), and "
+                    "admitted.",
+                    min=0,
+                ),
+                [
+                    e.target("vllm:num_requests_running", lambda s: f"sum({s.gauge(SERVE)})", "running"),
+                    e.target("vllm:num_requests_waiting", lambda s: f"sum({s.gauge(SERVE)})", "waiting"),
+                    e.target(
+                        "vllm:num_requests_waiting_by_reason",
+                        lambda s: f"sum by (reason) ({s.gauge(SERVE)})",
+                        "waiting: {{reason}}",
+                    ),
                     Target(f"sum(loadlens_requests_in_flight{{{SERVE}}})", "in flight (serving layer)"),
+                ],
+            ),
+            e.panel(
+                Panel(
+                    "KV cache usage",
+                    "percentunit",
+                    (),
+                    "Referenced KV blocks / all blocks.",
+                    threshold=Threshold(slos.alerting["kv_cache_usage_ratio"]),
+                    min=0,
+                    max=1,
                 ),
-                "Requests in the engine's batch, waiting for it (capacity or deferred for LoRA slots), and admitted.",
-                min=0,
+                [e.target("vllm:kv_cache_usage_perc", lambda s: f"max({s.gauge(SERVE)})", "KV cache used")],
             ),
-            Panel(
-                "KV cache usage",
-                "percentunit",
-                (Target(f"max(vllm:kv_cache_usage_perc{{{SERVE}}})", "KV cache used"),),
-                "Referenced KV blocks / all blocks.",
-                threshold=Threshold(slos.alerting["kv_cache_usage_ratio"]),
-                min=0,
-                max=1,
-            ),
-            Panel(
-                "Batch size (iteration tokens)",
-                "short",
-                (
-                    Target(quantile(0.5, "vllm:iteration_tokens_total", SERVE), "p50"),
-                    Target(quantile(0.99, "vllm:iteration_tokens_total", SERVE), "p99"),
-                    Target(mean("vllm:iteration_tokens_total", SERVE), "mean"),
+            e.panel(
+                Panel(
+                    "Batch size (iteration tokens)",
+                    "short",
+                    (),
+                    "Tokens per engine step (prompt tokens of requests reaching their first token + generated tokens).",
+                    min=0,
                 ),
-                "Tokens per engine step (prompt tokens of requests reaching their first token + generated tokens).",
-                min=0,
+                _spread(e, "vllm:iteration_tokens_total"),
             ),
-            Panel(
-                "Preemptions",
-                "ops",
-                (Target(f"sum({rate('vllm:num_preemptions_total', SERVE)})", "preemptions/s"),),
-                "Requests preempted (KV cache pressure) per second; they recompute later.",
-                min=0,
+            e.panel(
+                Panel(
+                    "Preemptions",
+                    "ops",
+                    (),
+                    "Requests preempted (KV cache pressure) per second; they recompute later.",
+                    min=0,
+                ),
+                [e.target("vllm:num_preemptions_total", lambda s: f"sum({s.rate(SERVE)})", "preemptions/s")],
             ),
         ),
     )
-    phases = Row(
+    phases = _row(
         "Request phases",
         tuple(
-            Panel(
-                f"{name} time",
-                "s",
-                (
-                    Target(quantile(0.5, f"vllm:request_{metric}_time_seconds", SERVE), "p50"),
-                    Target(quantile(0.99, f"vllm:request_{metric}_time_seconds", SERVE), "p99"),
-                    Target(mean(f"vllm:request_{metric}_time_seconds", SERVE), "mean"),
-                ),
-                what,
-                width=8,
-            )
+            e.panel(Panel(f"{name} time", "s", (), what, width=8), _spread(e, f"vllm:request_{metric}_time_seconds"))
             for name, metric, what in (
                 ("Queue", "queue", "Queued until first scheduled."),
                 ("Prefill", "prefill", "First scheduled until first token."),
@@ -150,25 +175,39 @@ def dashboard(slos: SLOConfig) -> Dashboard:
             ),
         ),
     )
-    lora = Row(
+    lora = _row(
         "LoRA adapters",
         (
-            Panel(
-                "LoRA adapters in use",
-                "short",
-                (
-                    Target(lora_adapter_count("running_lora_adapters", SERVE_ANY), "adapters running"),
-                    Target(lora_adapter_count("waiting_lora_adapters", SERVE_ANY), "adapters waiting"),
+            e.panel(
+                Panel(
+                    "LoRA adapters in use",
+                    "short",
+                    (),
+                    "Adapters the batch's requests use and adapters requests wait for (counted from the "
+                    f"comma-joined names in vllm:lora_requests_info, its latest label set per instance; "
+                    f"{LORA_COUNT_CAP} means {LORA_COUNT_CAP} or more), and runtime load/unload calls per interval."
+                    if dialect == "vllm"
+                    else "Runtime adapter load/unload calls through the proxy per interval.",
+                    min=0,
+                ),
+                [
+                    # The ladder reads vLLM's info series itself: only the vLLM name is queried here.
+                    e.target(
+                        "vllm:lora_requests_info",
+                        lambda _: lora_adapter_count("running_lora_adapters", SERVE_ANY),
+                        "adapters running",
+                    ),
+                    e.target(
+                        "vllm:lora_requests_info",
+                        lambda _: lora_adapter_count("waiting_lora_adapters", SERVE_ANY),
+                        "adapters waiting",
+                    ),
                     Target(
                         "sum by (operation, outcome)"
                         f" ({increase('loadlens_lora_adapter_operations_total', SERVE_ANY)})",
                         "{{operation}} {{outcome}}",
                     ),
-                ),
-                "Adapters the batch's requests use and adapters requests wait for (counted from the comma-joined "
-                f"names in vllm:lora_requests_info, its latest label set per instance; {LORA_COUNT_CAP} means "
-                f"{LORA_COUNT_CAP} or more), and runtime load/unload calls per interval.",
-                min=0,
+                ],
             ),
             Panel(
                 "Swap blocking",
@@ -200,34 +239,46 @@ def dashboard(slos: SLOConfig) -> Dashboard:
             ),
         ),
     )
-    rejects = Row(
+    rejects = _row(
         "Rejected and aborted",
         (
-            Panel(
-                "Rejected requests",
-                "reqps",
-                (
-                    Target(f"sum by (reason) ({rate('loadlens_request_rejections_total', SERVE)})", "{{reason}}"),
-                    Target(f"sum by (reason) ({rate('vllm:admission_rejections_total', SERVE)})", "engine {{reason}}"),
+            e.panel(
+                Panel(
+                    "Rejected requests",
+                    "reqps",
+                    (),
+                    "Refused before generation, by reason; engine admission bounds (429s) separately.",
+                    min=0,
                 ),
-                "Refused before generation, by reason; engine admission bounds (429s) separately.",
-                min=0,
+                [
+                    Target(f"sum by (reason) ({rate('loadlens_request_rejections_total', SERVE)})", "{{reason}}"),
+                    e.target(
+                        "vllm:admission_rejections_total",
+                        lambda s: f"sum by (reason) ({s.rate(SERVE)})",
+                        "engine {{reason}}",
+                    ),
+                ],
             ),
-            Panel(
-                "Aborted requests",
-                "reqps",
-                (
+            e.panel(
+                Panel(
+                    "Aborted requests",
+                    "reqps",
+                    (),
+                    "Ended after admission: client went away, engine error, shutdown.",
+                    min=0,
+                ),
+                [
                     Target(f"sum by (reason) ({rate('loadlens_request_aborts_total', SERVE)})", "{{reason}}"),
-                    Target(
-                        f"sum by (finished_reason) ({rate('vllm:request_success_total', ENGINE_FAILED)})",
+                    e.target(
+                        "vllm:request_success_total",
+                        lambda s: f"sum by (finished_reason) ({s.rate(SERVE)})",
                         "engine {{finished_reason}}",
                     ),
-                ),
-                "Ended after admission: client went away, engine error, shutdown.",
-                min=0,
+                ],
             ),
         ),
     )
+    # The sim speaks vLLM's dialect; an sglang upstream is never the sim.
     sim = Row(
         "Simulator timing (sim engine only)",
         (
@@ -258,11 +309,20 @@ def dashboard(slos: SLOConfig) -> Dashboard:
             ),
         ),
     )
+    rows = tuple(r for r in (sched, phases, classes, lora, rejects, sim if dialect == "vllm" else None) if r)
+    description = "Scheduler, KV cache, batch size, preemptions, request phases, priority classes, LoRA, rejections."
+    if dialect != "vllm":
+        left_out = "; ".join(title for title, _ in e.absent_panels)
+        description = (
+            f"The serving dashboard for an {dialect} upstream behind loadlens serve --engine openai, its {dialect}: "
+            f"series in place of vLLM's. Left out ({dialect} exports no counterpart): {left_out}; and the "
+            "simulator's timing (sim engine only). docs/metrics.md lists the mapping."
+        )
     return Dashboard(
-        uid="loadlens-serving",
-        title="loadlens / Serving engine",
-        description="Scheduler, KV cache, batch size, preemptions, request phases, priority classes, LoRA, rejections.",
-        rows=(sched, phases, classes, lora, rejects, sim),
+        uid=UIDS[dialect],
+        title=TITLES[dialect],
+        description=description,
+        rows=rows,
         variables=variables(f"loadlens_build_info{{{job_selector(SERVE_JOB)}}}"),
         annotations=(stage_annotation(), alerts_annotation()),
     )

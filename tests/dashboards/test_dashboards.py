@@ -25,6 +25,7 @@ STABLE_UIDS = {
     "loadlens-overview": "loadlens-overview",
     "loadlens-gpu": "loadlens-gpu",
     "loadlens-serving": "loadlens-serving",
+    "loadlens-serving-sglang": "loadlens-serving-sglang",
     "loadlens-training": "loadlens-training",
 }
 # The load-test dashboards filter by model, instance and load stage and mark the stages; the training

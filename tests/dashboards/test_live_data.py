@@ -42,6 +42,9 @@ OTHER_SOURCE = {
     # probe with role="trainer": neither is part of a load run. tests/dashboards/test_training_data.py runs
     # every query of this dashboard against a real Prometheus scraping a training run and a probe document.
     "loadlens-training": "tests/dashboards/test_training_data.py",
+    # The sglang view reads sglang:* series, which the sim (vLLM's dialect) does not export; its queries run
+    # against a recorded sglang exposition there (its loadlens_* queries are the vLLM view's, checked here).
+    "loadlens-serving-sglang": "tests/dashboards/test_engine_dialects.py",
 }
 
 

@@ -142,7 +142,8 @@ def test_vllm_metrics_join_the_serving_job_only_where_vllm_runs() -> None:
     (sd,) = jobs["loadlens-serve"]["dns_sd_configs"]
     command = [interpolate(str(c)) for c in svc["vllm"]["command"]]
     # vllm:* series from a real vLLM land in the job the rules and dashboards select (job="loadlens-serve").
-    assert sd["names"] == ["vllm"] and sd["type"] == "A"
+    # An sglang upstream is discovered under its own name on the same port (docs/metrics.md, sglang).
+    assert sd["names"] == ["vllm", "sglang"] and sd["type"] == "A"
     assert sd["port"] == int(command[command.index("--port") + 1])
     # Discovery, not a static target: in profile sim `vllm` does not resolve, so no target is down.
     assert _profiles(svc["vllm"]) == {"gpu"}

@@ -70,6 +70,7 @@ class PrometheusServer:
         extra_args: Sequence[str] = (),
         binary: str | None = None,
         startup_timeout: float = 15.0,
+        tsdb_path: Path | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.binary = binary or require_prometheus()
@@ -78,6 +79,8 @@ class PrometheusServer:
         self.extra_config = dict(extra_config or {})
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
+        # An existing TSDB to serve (e.g. blocks from `promtool tsdb create-blocks-from`); default: a fresh one.
+        self.tsdb_path = tsdb_path
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / "prometheus.log"
@@ -103,7 +106,7 @@ class PrometheusServer:
         config_file.write_text(yaml.safe_dump(self.config(), sort_keys=False))
         for _attempt in range(3):  # the free port can be taken between free_port() and bind
             self.port = free_port()
-            tsdb = self.workdir / f"tsdb-{self.port}"
+            tsdb = self.tsdb_path or self.workdir / f"tsdb-{self.port}"
             args = [
                 self.binary,
                 f"--config.file={config_file}",
