@@ -68,6 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     arg(p, "--html", action="store_true", help="also write Locust's HTML report into the run directory")
     shared("cpu_threshold")
     shared("progress_interval")
+    shared("stop_on_oversaturation")
     arg(
         p,
         "--log-level",
@@ -126,6 +127,8 @@ def build_command(args: argparse.Namespace, profile_path: Path, model: str | Non
         cmd += ["--slo-file", args.slo_file]
     if args.cpu_threshold:
         cmd += ["--cpu-threshold", repr(args.cpu_threshold)]
+    if args.stop_on_oversaturation:
+        cmd += [locust_flag("stop_on_oversaturation")]
     run_dir = Path(args.results) / run_id
     if args.master_host:
         cmd += ["--worker", "--master-host", args.master_host, "--master-port", str(args.master_port)]

@@ -84,6 +84,8 @@ class LiveState:
     workers: int = 0
     fairness: dict[str, float] = field(default_factory=dict)
     """Jain's index per stage (only when the profile mixes priority classes)."""
+    over_saturated: set[str] = field(default_factory=set)
+    """Stages the live over-saturation check has found over-saturated (``loadgen/saturation.py``)."""
 
 
 class LoadgenCollector(Collector):
@@ -184,6 +186,14 @@ class LoadgenCollector(Collector):
         for name in s.stages:
             current.add_metric([name], 1.0 if name == s.current_stage else 0.0)
         yield current
+        saturated = GaugeMetricFamily(
+            "loadlens_loadgen_over_saturated",
+            "1 once the stage's queue and TTFT were found growing without bound (Mann-Kendall), else 0.",
+            labels=["stage"],
+        )
+        for name in s.stages:
+            saturated.add_metric([name], 1.0 if name in s.over_saturated else 0.0)
+        yield saturated
         yield GaugeMetricFamily("loadlens_loadgen_users", "Locust users running now.", value=float(s.users))
         yield GaugeMetricFamily(
             "loadlens_loadgen_target_users",

@@ -42,6 +42,8 @@ class LoadOption:
     """Locust's default where ``default`` is None."""
     locust_flag: str = ""
     """Locust's spelling where it differs (Locust has its own ``--profile``)."""
+    switch: bool = False
+    """A flag without a value (``store_true``); its variable is on for 1, true, yes or on."""
 
     @property
     def dest(self) -> str:
@@ -82,6 +84,13 @@ LOAD_OPTIONS: tuple[LoadOption, ...] = (
         unset=0.0,
     ),
     LoadOption("--progress-interval", "seconds between progress lines, 0 = off", 5.0, float, float),
+    LoadOption(
+        "--stop-on-oversaturation",
+        "end the run when a stage is over-saturated (its queue and TTFT grow; docs/loadgen.md)",
+        False,
+        kind=bool,
+        switch=True,
+    ),
 )
 OPTIONS: dict[str, LoadOption] = {o.dest: o for o in LOAD_OPTIONS}
 
@@ -90,7 +99,9 @@ def add_cli_option(parser: argparse.ArgumentParser, dest: str, arg: Callable[...
     """Add a shared option to ``loadlens load`` through its ``env_arg`` (``arg(parser, flag, help=..., ...)``)."""
     option = OPTIONS[dest]
     kwargs: dict[str, Any] = {"default": option.default}
-    if option.check is not None:
+    if option.switch:
+        kwargs["action"] = "store_true"
+    elif option.check is not None:
         kwargs["type"] = option.check
     return arg(parser, option.flag, help=option.help, **kwargs)
 
@@ -102,6 +113,10 @@ def add_locust_arguments(parser: Any) -> None:
     """
     group = parser.add_argument_group("loadlens", "LLM load profile (docs/loadgen.md)")
     for option in LOAD_OPTIONS:
+        if option.switch:
+            flag = option.locust_flag or option.flag
+            group.add_argument(flag, action="store_true", env_var=option.env_var, help=option.help)
+            continue
         group.add_argument(
             option.locust_flag or option.flag,
             type=option.kind,

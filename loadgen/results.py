@@ -176,8 +176,10 @@ def build_result(
     windows: Sequence[StageWindow],
     validity: Mapping[str, Any],
     server: Mapping[str, Mapping[str, Any]] | None = None,
+    saturation: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The whole document. ``server`` maps stage name -> server-side figures (``--prometheus``)."""
+    """The whole document. ``server`` maps stage name -> server-side figures (``--prometheus``);
+    ``saturation`` maps stage name -> its over-saturation judgement (``loadgen/saturation.py``)."""
     shares = class_shares(profile, slos)
     stages_out: list[dict[str, Any]] = []
     for w in windows:
@@ -210,9 +212,12 @@ def build_result(
         }
         if server is not None:
             entry["server"] = dict(server.get(w.spec.name, {}))
+        if saturation is not None and w.spec.name in saturation:
+            entry["saturation"] = dict(saturation[w.spec.name])
         stages_out.append(entry)
 
     measured = [w for w in windows if not w.spec.warmup]
+    verdicts = {name: block.get("verdict") for name, block in (saturation or {}).items()}
     names = {w.spec.name for w in measured}
     duration = sum(w.duration for w in measured)
     peaks = [p for w in measured if (p := _peak(store.tokens_by_second, w.start, w.end)) is not None]
@@ -221,6 +226,7 @@ def build_result(
     cpu = sum(store.cpu_seconds.get(n, 0.0) for n in names)
     overall = {
         "stages": [w.spec.name for w in measured],
+        "over_saturated_stages": [w.spec.name for w in measured if verdicts.get(w.spec.name) == "over_saturated"],
         "loadgen_cpu_seconds": _num(cpu),
         "loadgen_cpu_ratio": _num(cpu / duration) if duration > 0 else None,
         **block(store.merged(overall_keys), duration, max(peaks) if peaks else None),

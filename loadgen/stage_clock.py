@@ -3,8 +3,9 @@
 Pure: the caller passes wall-clock times and finished-request counts, and does the sleeping. A duration stage
 ends exactly on time (the caller sleeps up to the boundary when it is less than a tick away); an
 ``until_requests`` stage ends once enough of its requests finished; a request-count stage without a duration
-ends at ``max_duration``. After the last stage the clock drains: users stop, the last worker reports arrive,
-then the run is over.
+ends at ``max_duration``; with ``--stop-on-oversaturation`` an over-saturated stage ends the run
+(``stop``). After the last stage the clock drains: users stop, the last worker reports arrive, then the run
+is over.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class StageClock:
         self.window_start = 0.0
         self.windows: list[StageWindow] = []
         self.draining_since: float | None = None
+        self.stopped_early = False
+        """``stop`` ended the run before its last stage (``--stop-on-oversaturation``)."""
 
     @property
     def stage(self) -> Stage:
@@ -41,6 +44,7 @@ class StageClock:
         """A new run: forget the last one and enter the first stage."""
         self.windows = []
         self.draining_since = None
+        self.stopped_early = False
         self.enter(0, now)
 
     def enter(self, index: int, now: float) -> None:
@@ -82,6 +86,12 @@ class StageClock:
             return True
         self.draining_since = now
         return False
+
+    def stop(self, now: float, reason: str) -> None:
+        """Close the current stage for ``reason`` and drain, skipping the stages after it."""
+        self.close(now, reason)
+        self.draining_since = now
+        self.stopped_early = self.index + 1 < len(self.stages)
 
     def leaves_warmup(self, previous: int) -> bool:
         """Whether going from stage ``previous`` to the current one leaves the warmup for measured stages."""

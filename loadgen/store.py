@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -307,6 +308,52 @@ class Series:
         return s
 
 
+Bins = dict[int, list[float]]
+"""Wall-clock second -> [sum, count]: a per-second mean that adds exactly across processes."""
+
+
+class Timeline:
+    """A stage's per-second series for the over-saturation test (``loadgen/saturation.py``).
+
+    ``ttft``: TTFT of the stage's successful requests by the wall second their first token arrived;
+    ``queue``: samples of the requests each process held (in flight plus due, unsent open-loop arrivals), at
+    most one per process and second, so ``sum`` over processes is the whole load generator's.
+    """
+
+    __slots__ = ("ttft", "queue")
+
+    def __init__(self) -> None:
+        self.ttft: Bins = {}
+        self.queue: Bins = {}
+
+    @staticmethod
+    def add(bins: Bins, second: int, value: float, n: int = 1) -> None:
+        cell = bins.get(second)
+        if cell is None:
+            bins[second] = [value, float(n)]
+        else:
+            cell[0] += value
+            cell[1] += n
+
+    def merge(self, other: Timeline) -> None:
+        for mine, theirs in ((self.ttft, other.ttft), (self.queue, other.queue)):
+            for second, (total, count) in theirs.items():
+                self.add(mine, second, total, int(count))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "ttft": {str(k): v for k, v in self.ttft.items()},
+            "queue": {str(k): v for k, v in self.queue.items()},
+        }
+
+    @classmethod
+    def from_wire(cls, doc: Mapping[str, Any]) -> Timeline:
+        t = cls()
+        t.ttft = {int(k): [float(v[0]), float(v[1])] for k, v in doc.get("ttft", {}).items()}
+        t.queue = {int(k): [float(v[0]), float(v[1])] for k, v in doc.get("queue", {}).items()}
+        return t
+
+
 class Store:
     """All series of a run, plus per-stage token arrivals (``window_tokens``) and tokens per wall second."""
 
@@ -325,6 +372,18 @@ class Store:
         """How late the load generator's event loop woke from 5 ms sleeps, per stage window: every timestamp the
         client takes can be late by as much, so its p99 bounds the client's own measurement error."""
         """CPU time the load-generator processes spent while each stage was current (summed over processes)."""
+        self.timelines: dict[str, Timeline] = {}
+        """Per stage (the stage a request began in): the over-saturation test's series."""
+
+    def timeline(self, stage: str) -> Timeline:
+        t = self.timelines.get(stage)
+        if t is None:
+            t = self.timelines[stage] = Timeline()
+        return t
+
+    def queue_sample(self, stage: str, second: int, outstanding: int) -> None:
+        """One process's count of the requests it holds during ``stage``, at wall second ``second``."""
+        Timeline.add(self.timeline(stage).queue, second, float(outstanding))
 
     def lag(self, window: str) -> Dist:
         dist = self.loop_lag.get(window)
@@ -343,7 +402,11 @@ class Store:
         for key in keys:
             self.get(key)
 
-    def record(self, record: RequestRecord, key: Key, cls: PriorityClass) -> list[str]:
+    def record(self, record: RequestRecord, key: Key, cls: PriorityClass, now: float | None = None) -> list[str]:
+        """Count a finished request; ``now`` (wall clock, default: now) dates its first token for the timeline."""
+        if record.ok and record.ttft is not None and record.e2e is not None:
+            first_token = (time.time() if now is None else now) - record.e2e + record.ttft
+            Timeline.add(self.timeline(key[0]).ttft, int(first_token), record.ttft)
         return self.get(key).add(record, cls)
 
     def completed(self, stage: str | None = None) -> int:
@@ -369,6 +432,8 @@ class Store:
             self.cpu_seconds[stage] += seconds
         for stage, dist in other.loop_lag.items():
             self.lag(stage).merge(dist)
+        for stage, timeline in other.timelines.items():
+            self.timeline(stage).merge(timeline)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -377,6 +442,7 @@ class Store:
             "tokens_by_second": {str(k): v for k, v in self.tokens_by_second.items()},
             "cpu_seconds": dict(self.cpu_seconds),
             "loop_lag": {k: d.to_wire() for k, d in self.loop_lag.items() if d.count},
+            "timelines": {k: t.to_wire() for k, t in self.timelines.items()},
         }
 
     @classmethod
@@ -391,6 +457,8 @@ class Store:
             store.cpu_seconds[str(k)] += float(v)
         for k, d in doc.get("loop_lag", {}).items():
             store.loop_lag[str(k)] = Dist.from_wire(store.bounds["dispatch_lag"], d)
+        for k, tl in doc.get("timelines", {}).items():
+            store.timelines[str(k)] = Timeline.from_wire(tl)
         return store
 
     def take_delta(self) -> dict[str, Any]:
@@ -401,4 +469,5 @@ class Store:
         self.tokens_by_second = Counter()
         self.cpu_seconds = defaultdict(float)
         self.loop_lag = {}
+        self.timelines = {}
         return doc

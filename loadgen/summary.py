@@ -39,6 +39,30 @@ def _load(row: Mapping[str, Any]) -> str:
     return f"{row['target_users']} users" if isinstance(row.get("target_users"), int) else "-"
 
 
+def _saturated(row: Mapping[str, Any]) -> str:
+    """YES: the stage's queue and TTFT grew without bound; no: stable; -: not judged (overall: YES if a
+    measured stage was)."""
+    if row.get("name") == "overall":
+        return "YES" if row.get("over_saturated_stages") else "-"
+    sat = row.get("saturation")
+    verdict = sat.get("verdict") if isinstance(sat, Mapping) else None
+    return {"over_saturated": "YES", "stable": "no"}.get(str(verdict), "-")
+
+
+def saturation_lines(stages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per over-saturated stage: when it was found, whether it ended the run, why."""
+    out = []
+    for s in stages:
+        sat = s.get("saturation")
+        if not isinstance(sat, Mapping) or sat.get("verdict") != "over_saturated":
+            continue
+        at = sat.get("detected_at_s")
+        when = f" (found at {at:.0f} s" if isinstance(at, int | float) else " ("
+        stopped = "; ended the run" if s.get("end_reason") == "over_saturated" else ""
+        out.append(f"OVER-SATURATED: {s.get('name')}{when}{stopped}): {sat.get('reason', '')}")
+    return out
+
+
 COLUMNS: tuple[Column, ...] = (
     ("load", 10, _load),
     ("ok", 6, _num("completed", "d")),
@@ -51,6 +75,7 @@ COLUMNS: tuple[Column, ...] = (
     ("ITL p99 ms", 10, _num("p99_itl_ms", ".2f")),
     ("E2E p99 ms", 10, _num("p99_e2el_ms", ".0f")),
     ("goodput %", 9, _num("goodput_ratio", ".1f", 100.0)),
+    ("over-sat.", 9, _saturated),
 )
 SERVER_COLUMNS: tuple[Column, ...] = (
     ("VRAM peak GiB", 13, _server("peak_vram_gib", ".2f")),
@@ -60,7 +85,7 @@ SERVER_COLUMNS: tuple[Column, ...] = (
 LEGEND = (
     "  ok/failed: requests that began in the stage; req/s, out tok/s: per second of the stage; TTFT, ITL (per\n"
     "  token), E2E: client-side percentiles over those requests, ms; goodput: share of ok requests meeting every\n"
-    "  SLO of their class"
+    "  SLO of their class; over-sat.: queue and TTFT grew without bound (docs/loadgen.md, Over-saturation)"
 )
 
 
@@ -77,6 +102,7 @@ def stage_table(doc: Mapping[str, Any]) -> str:
     for r in rows:
         lines.append(f"{_name(r):<{width}} " + " ".join(f"{cell(r):>{w}}" for _, w, cell in columns))
     lines.append(LEGEND + (" (server columns: Prometheus, over the stage)" if len(columns) > len(COLUMNS) else ""))
+    lines.extend(saturation_lines(stages))
     validity = doc.get("validity") or {}
     if validity and not validity.get("results_valid", True):
         lines.append("RESULTS INVALID: " + "; ".join(validity.get("reasons", [])))

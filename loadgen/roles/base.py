@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from loadgen.execute import Recorder, RequestExecutor, User
 from loadgen.metrics import bucket_bounds
 from loadgen.probe import first_model
 from loadgen.profile import Profile, load_profile
+from loadgen.saturation import outstanding
 from loadgen.stage_clock import DRAIN
 from loadgen.store import Store
 from loadlens.contracts.slo import PriorityClass, SLOConfig, load_slos
@@ -33,6 +35,9 @@ LAG_PROBE_S = 0.005
 
 class Role:
     """Base of the three roles. ``start`` spawns the background loops and registers Locust listeners."""
+
+    sends_requests = True
+    """False for the master: it has no users, so nothing of its own to sample for the over-saturation test."""
 
     def __init__(self, environment: Environment, *, report_interval: float, locust_version: str) -> None:
         self.env = environment
@@ -89,6 +94,8 @@ class Role:
         events.test_stop.add_listener(self.on_test_stop)  # type: ignore[no-untyped-call]
         gevent.spawn(self._cpu_loop)
         gevent.spawn(self._loop_lag_loop)
+        if self.sends_requests:
+            gevent.spawn(self._queue_loop)
 
     # --- role-specific ----------------------------------------------------------------------------------
 
@@ -147,6 +154,23 @@ class Role:
             gevent.sleep(1.0)
             self.cpu.sample()
             self.after_cpu_sample()
+
+    def _queue_loop(self) -> None:
+        """In the middle of every wall second of an open-loop stage, sample the requests this process holds
+        (in flight plus due, unsent arrivals): the over-saturation test's load series (one sample per second
+        and process, so the master's sum is the whole load generator's)."""
+        last = -1
+        while True:
+            now = time.time()
+            second = math.floor(now)
+            gevent.sleep((second + 0.5 if now < second + 0.5 else second + 1.5) - now)
+            second = math.floor(time.time())
+            stage = self.dispatch.stage
+            if second == last or not stage.open_loop or not self.measuring():
+                continue
+            last = second
+            held = outstanding(self.recorder.in_flight, self.dispatch.schedule, time.perf_counter())
+            self.store.queue_sample(stage.name, second, held)
 
     def _loop_lag_loop(self) -> None:
         """Sleep 5 ms at a time and record how late each wake-up is: the client's own timestamp delay."""

@@ -27,6 +27,7 @@ from loadgen.probe import TargetUnreachable, first_model
 from loadgen.progress import progress_line
 from loadgen.results import build_result, class_shares, fairness, iso, write_result
 from loadgen.roles.base import Role
+from loadgen.saturation import END_REASON, Watch, stage_blocks
 from loadgen.serverside import figures_for_stages
 from loadgen.stage_clock import StageClock, drain_limit, drain_verdict, spawn_rate
 from loadgen.store import Store
@@ -67,6 +68,8 @@ class LocalRole(Role):
             store=self.store,
         )
         self.shares = class_shares(self.profile, self.slos)
+        self.saturation = Watch()
+        """The live over-saturation check (every 5 s; ``--stop-on-oversaturation`` ends the run on a hit)."""
 
     def start(self) -> None:
         super().start()
@@ -137,6 +140,8 @@ class LocalRole(Role):
         self.cpu.active = True
         self.reset_run()
         self.cpu_guard.reset()
+        self.saturation.reset()
+        self.live.over_saturated = set()
         self.live.results_valid = True
         self.result_path = None
         now = time.time()
@@ -185,6 +190,15 @@ class LocalRole(Role):
             now = time.time()
         finished = self.finished_count(stage.name) if stage.until_requests is not None else 0
         reason = self.clock.end_reason(now, finished)
+        if not reason and self.check_saturation(now):
+            self.clock.stop(now, END_REASON)
+            self.start_drain()
+            print(
+                f"loadgen: stopping the run (--stop-on-oversaturation): stage {stage.name} is over-saturated; "
+                "letting in-flight requests finish",
+                flush=True,
+            )
+            return self._drain_tick()
         if reason:
             previous = self.clock.index
             if not self.clock.advance(now, reason):
@@ -197,6 +211,18 @@ class LocalRole(Role):
 
     def start_drain(self) -> None:
         self.enter_drain()
+
+    def check_saturation(self, now: float) -> bool:
+        """The live over-saturation check of the running stage (when due). True: it found the stage
+        over-saturated just now and ``--stop-on-oversaturation`` asks to end the run."""
+        stage = self.clock.stage
+        judgement = self.saturation.check(self.store, stage, start=self.clock.window_start, now=now)
+        if judgement is None:
+            return False
+        self.live.over_saturated.add(stage.name)
+        at = now - self.clock.window_start
+        print(f"loadgen: stage {stage.name} is over-saturated at {at:.0f}s: {judgement.reason}", flush=True)
+        return bool(getattr(self.opts, "stop_on_oversaturation", False))
 
     def _drain_tick(self) -> tuple[int, float] | None:
         assert self.clock.draining_since is not None
@@ -267,7 +293,7 @@ class LocalRole(Role):
         self.cpu.active = False
         self.live.current_stage = None
         try:
-            self.result_path = self.write_results(now, completed)
+            self.result_path = self.write_results(now, completed and not self.clock.stopped_early)
         except Exception:  # never lose the run's exit path to a reporting bug; say so loudly
             log.exception("could not write benchmark_result.json")
             environment.process_exit_code = 1
@@ -320,6 +346,7 @@ class LocalRole(Role):
             windows=windows,
             validity=self.cpu_guard.validity(self.cpu_peak(), self.cpu_mean()),
             server=server,
+            saturation=stage_blocks(self.store, windows, self.saturation.detected),
         )
         self.result_doc = doc
         return write_result(Path(self.opts.results) / self.run_id, doc)

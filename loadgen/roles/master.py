@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 class MasterRole(LocalRole):
     mode = "distributed"
+    sends_requests = False  # the workers sample what they hold; their samples arrive in the store deltas
     awaits_reports = True  # the users' last measurements arrive with the next worker report
 
     def __init__(self, environment: Environment, *, report_interval: float, locust_version: str) -> None:

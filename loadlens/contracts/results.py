@@ -151,6 +151,35 @@ class SliceFigures(Figures):
     models: dict[str, Figures] = Field(default_factory=dict)
 
 
+class SaturationTrend(_Model):
+    """One series of the over-saturation test (docs/loadgen.md, *Over-saturation*)."""
+
+    series: str  # ttft_seconds | outstanding_requests | output_tokens_per_second
+    direction: Literal["increase", "decrease"]  # the direction tested
+    points: int  # seconds with data in the window (averaged into at most 240 bins)
+    mann_kendall_s: int  # Σ sign(y_j − y_i) over i < j
+    z: float | None = None  # continuity- and tie-corrected
+    p_value: float | None = None  # one-sided, in the tested direction
+    slope_per_s: float | None = None  # Theil–Sen: the median pairwise slope, the series' unit per second
+    level: float | None = None  # the series' median in the window
+    growth: float | None = None  # slope_per_s × span_s
+    span_s: float | None = None  # first to last point
+
+
+class StageSaturation(_Model):
+    """Whether the stage's queue and TTFT grew without bound (docs/loadgen.md, *Over-saturation*)."""
+
+    verdict: Literal["over_saturated", "stable", "not_judged"]
+    reason: str  # why: the figures that decided, or what was missing
+    mode: Literal["open", "closed"]  # which load series was tested
+    alpha: float  # one-sided significance level of each test
+    window_start_s: float | None = None  # seconds from the stage's start: the window judged at its end
+    window_end_s: float | None = None
+    detected_at_s: float | None = None  # first detection (live check or stage end), seconds into the stage
+    latency: SaturationTrend | None = None  # None when not judged
+    load: SaturationTrend | None = None
+
+
 class StageResult(SliceFigures):
     name: str
     index: Count = None
@@ -166,10 +195,12 @@ class StageResult(SliceFigures):
     end_timestamp: float | None = None
     end_reason: str | None = None  # duration | until_requests | max_duration | stopped
     server: ServerFigures | None = None  # absent without --prometheus
+    saturation: StageSaturation | None = None  # absent in older files
 
 
 class Overall(SliceFigures):
     stages: list[str] = Field(default_factory=list)
+    over_saturated_stages: list[str] = Field(default_factory=list)  # measured stages judged over-saturated
 
 
 class Versions(_Model):

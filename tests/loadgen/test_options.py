@@ -34,6 +34,7 @@ def test_locust_defaults_are_the_runtimes_not_given_values() -> None:
         "metrics_host": "127.0.0.1",
         "cpu_threshold": 0.0,
         "progress_interval": 5.0,
+        "stop_on_oversaturation": False,
     }
 
 
@@ -53,6 +54,7 @@ def test_every_option_reads_the_same_variable_in_both(monkeypatch: pytest.Monkey
         "metrics_host": ("0.0.0.0", "0.0.0.0"),
         "cpu_threshold": ("0.75", 0.75),
         "progress_interval": ("0", 0.0),
+        "stop_on_oversaturation": ("true", True),
     }
     assert set(values) == {o.dest for o in LOAD_OPTIONS}
     for option in LOAD_OPTIONS:

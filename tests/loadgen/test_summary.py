@@ -22,17 +22,17 @@ def test_the_table_labels_every_column_and_formats_each_figure() -> None:
     }  # fmt: skip
     assert stage_table(doc).splitlines() == [
         "stage                 load     ok failed   req/s out tok/s TTFT p50 ms TTFT p99 ms ITL p50 ms ITL p99 ms "
-        "E2E p99 ms goodput %",
+        "E2E p99 ms goodput % over-sat.",
         "--------------- ---------- ------ ------ ------- --------- ----------- ----------- ---------- ---------- "
-        "---------- ---------",
+        "---------- --------- ---------",
         "warmup (warmup)    8 users     20      2    6.33     810.7        95.0       412.3      10.22      31.50 "
-        "         -      31.6",
+        "         -      31.6         -",
         "c8                 8 users    380      2    6.33     810.7        95.0       412.3      10.22      31.50 "
-        "      2911      31.6",
+        "      2911      31.6         -",
         "open             2.5 req/s      0      0       -         -           -           -          -          - "
-        "         -         -",
+        "         -         -         -",
         "overall                       380      2    6.33     810.7        95.0       412.3      10.22      31.50 "
-        "      2911      31.6",
+        "      2911      31.6         -",
         *LEGEND.splitlines(),
     ]
 
@@ -45,7 +45,7 @@ def test_server_columns_appear_with_server_figures_and_invalid_results_are_said(
     }
     doc = {"stages": [{**STAGE, "server": server}], "validity": {"results_valid": False, "reasons": ["cpu 97 %"]}}
     lines = stage_table(doc).splitlines()
-    assert lines[0].endswith(" goodput % VRAM peak GiB GPU util mean % GPU util swing %")
-    assert lines[2].endswith("      31.6         36.79              68               43")
+    assert lines[0].endswith(" goodput % over-sat. VRAM peak GiB GPU util mean % GPU util swing %")
+    assert lines[2].endswith("      31.6         -         36.79              68               43")
     assert lines[-2].endswith(" (server columns: Prometheus, over the stage)")
     assert lines[-1] == "RESULTS INVALID: cpu 97 %"
