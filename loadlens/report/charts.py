@@ -287,3 +287,43 @@ def _fmt(value: float) -> str:
     if magnitude >= 1:
         return f"{value:.3g}"
     return f"{value:.2g}"
+
+
+def xy_chart(
+    title: str,
+    x_label: str,
+    y_label: str,
+    points: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    *,
+    curve: Sequence[tuple[float, float]] = (),
+    curve_label: str = "",
+    optimum: tuple[float, float] | None = None,
+    log_x: bool = False,
+    dpi: int = 100,
+) -> bytes:
+    """One PNG of measured points against a swept parameter (an experiment's table), optionally with a fitted
+    curve and its optimum: the batching-window U-curve, a burst or search curve."""
+    fig = Figure(figsize=(9.6, 4.4), dpi=dpi)
+    ax = fig.add_subplot()
+    ax.set_prop_cycle(color=list(_DATA_COLOURS))
+    for name, pts in points:
+        ordered = sorted(pts)
+        ax.plot([p[0] for p in ordered], [p[1] for p in ordered], "o-", label=name, linewidth=0.8, zorder=3)
+    if curve:
+        ax.plot([c[0] for c in curve], [c[1] for c in curve], "-", color=_REF_COLOURS[0], label=curve_label, zorder=4)
+    if optimum is not None:
+        ax.plot([optimum[0]], [optimum[1]], "x", color=_REF_COLOURS[1], markersize=11, mew=2.2, zorder=5,
+                label=f"fitted optimum {_fmt(optimum[0])} → {_fmt(optimum[1])}")  # fmt: skip
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_title(title, fontsize=12, fontweight="bold", loc="left")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.grid(True, color="#dddddd", linewidth=0.6, zorder=1)
+    ax.set_axisbelow(True)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

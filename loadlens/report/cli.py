@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--results",
         type=Path,
         metavar="PATH",
-        help="the run's directory or its benchmark_result.json",
+        help="the run's directory or its benchmark_result.json, or an experiment's directory or its "
+        "experiment_result.json",
         env_prefix=ENV,
     )
     env_arg(
@@ -108,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
 
     results: Results | None = None
     if args.results is not None:
+        from loadlens.report.experiment import experiment_file
+
+        experiment = experiment_file(args.results)
+        if experiment is not None:
+            return experiment_report(args, experiment)
         try:
             results = load_results(args.results)
         except ResultsError as err:
@@ -244,3 +250,77 @@ def build_report(
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def experiment_report(args: argparse.Namespace, file: Path) -> int:
+    """``--results`` names an experiment: its findings, tables, fits, plots and per-run verdicts, then (when
+    Prometheus answers) the alerts and charts over the experiment's window with a band per run. Prometheus
+    is optional here: unreachable, the page says so and is written without charts."""
+    from loadlens.contracts.experiment_result import ExperimentResultError
+    from loadlens.contracts.slo import SLOConfigError, load_slos
+    from loadlens.dashboards.catalog import LOAD_TEST_DASHBOARDS, dashboards
+    from loadlens.report.experiment import load_experiment, render_experiment_page, run_bands, window
+    from loadlens.report.queries import collect, collect_alerts, parse_duration
+    from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
+
+    try:
+        result = load_experiment(file)
+    except ExperimentResultError as err:
+        raise UsageError(str(err)) from None
+    first, last = window(result)
+    span = _window(args, first, last) if first is not None or args.start else None
+    try:
+        rate_interval = parse_duration(args.rate_interval)
+    except ValueError as err:
+        raise UsageError(f"--rate-interval: {err}") from None
+    if not str(args.prometheus).startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus: not an http(s) URL: {args.prometheus!r}")
+    out = args.out if args.out is not None else file.parent / REPORT_DIR
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a directory")
+    try:
+        slos = load_slos(args.slo_file)
+        boards = {stem: b for stem, b in dashboards(args.slo_file).items() if stem in LOAD_TEST_DASHBOARDS}
+    except SLOConfigError as err:
+        raise UsageError(str(err)) from None
+    start, end = span if span is not None else (None, None)
+    note: str | None = None
+    kwargs: dict[str, object] = {}
+    if span is None:
+        note = "Charts not drawn: the experiment has no finished run, so no window (give --from and --to)."
+    else:
+        assert start is not None and end is not None
+        client = PrometheusClient(args.prometheus)
+        try:
+            client.check()
+            panels, _ = collect(client, boards, start, end, rate_interval)
+            alert_error: str | None = None
+            try:
+                alerts = collect_alerts(client, start, end)
+            except QueryError as err:
+                alerts, alert_error = [], str(err)
+            sections = chart_sections(panels, slos, start, end, run_bands(result), alerts)
+            kwargs = {"prometheus": client.url, "sections": sections, "alerts": alerts, "alert_error": alert_error}
+        except PrometheusUnreachable as err:
+            note = f"Charts not drawn: {err}."
+            print(f"loadlens report: warning: {err}; writing the experiment without charts", file=sys.stderr)
+    page = render_experiment_page(
+        result,
+        source=str(file),
+        generated=time.time(),
+        start=start,
+        end=end,
+        chart_note=note,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / REPORT_FILE
+        tmp = path.with_suffix(".html.tmp")
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        print(f"loadlens report: error: cannot write {out}: {err.strerror}", file=sys.stderr)
+        return 1
+    print(f"loadlens report: {path}")
+    return 0

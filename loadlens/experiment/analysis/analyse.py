@@ -25,6 +25,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "p99_ttft_ms": ("TTFT p99", "ms"),
     "p99_e2el_ms": ("E2E p99", "ms"),
     "p95_e2el_ms": ("E2E p95", "ms"),
+    "median_e2el_ms": ("median E2E", "ms"),
+    "median_ttft_ms": ("median TTFT", "ms"),
     "output_throughput": ("output throughput", "tok/s"),
     "request_throughput": ("throughput", "req/s"),
     "server.peak_vram_gib": ("VRAM peak", "GiB"),
