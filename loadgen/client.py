@@ -109,7 +109,9 @@ def _stream(
     intended_start: float,
     on_tokens: Callable[[int], None],
 ) -> tuple[RequestRecord, bool, float | None]:
-    parser = StreamParser(chat=request.traffic.endpoint == "chat", start=intended_start)
+    # Conversations send the reply back in the next turn: only their requests keep the streamed text.
+    collect = request.traffic.conversation is not None
+    parser = StreamParser(chat=request.traffic.endpoint == "chat", start=intended_start, collect=collect)
     try:
         response = http.request("POST", target.prefix + request.path, body=request.body, headers=headers)
     except TimeoutError as err:

@@ -16,6 +16,7 @@ from loadgen.profile import Profile
 from loadgen.prompts import PreparedRequest, PromptFactory
 from loadgen.record import SUCCESS, RequestRecord
 from loadgen.store import Store
+from loadgen.workload import Workload
 from loadlens.contracts.slo import PriorityClass
 
 RETRY_AFTER_CAP_S = 1.0
@@ -98,6 +99,7 @@ class RequestExecutor:
         self.process_index = process_index
         self.model = model
         self.prompts: PromptFactory | None = None
+        self.workload: Workload | None = None
 
     def run(self, user: User) -> bool:
         """Send the user's next request. False: not now (no or a void open-loop slot); claim a slot first."""
@@ -112,9 +114,17 @@ class RequestExecutor:
             intended, stage_name, lag = now, self.dispatch.stage.name, None
         if not self.model:
             self.model = self.resolve_model()
-        if self.prompts is None:  # the worker index is known only once the worker has joined
-            self.prompts = PromptFactory(self.profile, seed=self.seed, process_index=max(0, self.process_index()))
-        request = self.prompts.next(self.model)
+        if self.prompts is None or self.workload is None:  # the worker index is known once the worker has joined
+            index = max(0, self.process_index())
+            self.prompts = PromptFactory(self.profile, seed=self.seed, process_index=index)
+            self.workload = Workload(self.profile, self.prompts, seed=self.seed, process_index=index)
+        workload = self.workload
+        # Closed loop: the user continues its own conversation; open loop: an arrival takes a ready one.
+        turn = workload.next(
+            owner=user if slot is None else None, now=now, default_model=self.model, stage=stage_name,
+            stats=self.recorder.store.workload,
+        )  # fmt: skip
+        request = turn.request
         cls = self.classes[request.traffic.name]
         headers = {
             "Content-Type": "application/json",
@@ -138,12 +148,17 @@ class RequestExecutor:
                 record = RequestRecord(outcome="cancelled", reason="stopped by the load generator")
             record.dispatch_lag = lag
             recorder.store.record(record, (stage_name, cls.name, request.model), cls)
+            think = workload.finish(
+                turn, record, now=time.perf_counter(), stage=stage_name, stats=recorder.store.workload
+            )
             if record.outcome != "cancelled":
                 recorder.finished_by_stage[stage_name] += 1
             if not reusable:
                 user.reconnect()
         if record.outcome == "rate_limited" and slot is None:
             user.backoff = min(RETRY_AFTER_CAP_S, retry_after or RETRY_AFTER_CAP_S)
+        if think > 0 and slot is None:
+            user.backoff = max(user.backoff, think)  # a conversation's think time before the user's next turn
         self.fire_locust_events(request.traffic.name, stage_name, cls.name, record)
         return True
 

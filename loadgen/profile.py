@@ -60,10 +60,51 @@ class Images:
 
 @dataclass(frozen=True)
 class Prefix:
-    """``count`` distinct shared prefixes of ``tokens`` tokens; each request starts with one of them."""
+    """``count`` distinct shared prefixes of ``tokens`` tokens; each request starts with one of them.
+
+    With ``shares`` (the ``groups`` form) group i is sent with exactly that fraction of the entry's requests
+    (smooth weighted round robin) and is ``lengths[i]`` tokens long; the rest of the requests (1 − Σ shares)
+    get no prefix. Without, each request picks one of the ``count`` prefixes at random.
+    """
 
     count: int
     tokens: int
+    shares: tuple[float, ...] = ()
+    lengths: tuple[int, ...] = ()
+
+    def group_tokens(self, group: int) -> int:
+        return self.lengths[group] if self.lengths else self.tokens
+
+
+@dataclass(frozen=True)
+class SecondsDist:
+    """A duration distribution in seconds: normal(mean, stdev) truncated to [min, max]."""
+
+    mean: float
+    stdev: float = 0.0
+    min: float = 0.0
+    max: float = 3600.0
+
+    def sample(self, gauss: Any) -> float:
+        value = self.mean if self.stdev == 0 else gauss(self.mean, self.stdev)
+        return float(min(self.max, max(self.min, value)))
+
+
+@dataclass(frozen=True)
+class ConversationSpec:
+    """Multi-turn conversations (docs/loadgen.md, *Conversations*): ``turns`` requests per conversation, each
+    carrying the conversation so far, with ``think_time_s`` between a reply and the next turn."""
+
+    turns: LengthDist
+    think_time_s: SecondsDist = field(default_factory=lambda: SecondsDist(0.0))
+
+
+DEFAULT_CACHE_BLOCK_SIZE = 16
+"""Tokens per KV-cache block the expected prefix-cache hit rate assumes unless the profile says otherwise
+(``cache_block_size``): vLLM's default block size on GPUs, and the sim's."""
+
+BASE_MODEL = "base"
+"""In ``adapters``, the key that stands for the entry's ``model`` (else the run's model): the base model."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +132,17 @@ class Traffic:
     prefix: Prefix | None
     priority_class: str | None = None
     """The SLO class named in the entry (``class``); None: the class of ``effective_priority``."""
+    conversation: ConversationSpec | None = None
+    adapters: tuple[tuple[str | None, float], ...] = ()
+    """(model, weight) pairs the entry's requests are spread over (exact shares); None is the base model."""
+
+    def models_for(self, default: str) -> tuple[str, ...]:
+        """Every model name this entry sends to, with ``default`` for the run's model."""
+        base = self.model or default
+        if not self.adapters:
+            return (base,)
+        return tuple(dict.fromkeys(base if m is None else m for m, _ in self.adapters))
+
 
     @property
     def effective_priority(self) -> int:
@@ -155,11 +207,14 @@ class Profile:
     sha256: str
     users_scale: float = 1.0
     time_scale: float = 1.0
+    cache_block_size: int = DEFAULT_CACHE_BLOCK_SIZE
 
     @property
     def models(self) -> tuple[str, ...]:
         """Models named explicitly by traffic entries (the run's default model is added at run time)."""
-        return tuple(dict.fromkeys(t.model for t in self.traffic if t.model))
+        named = [t.model for t in self.traffic if t.model]
+        named += [m for t in self.traffic for m, _ in t.adapters if m is not None]
+        return tuple(dict.fromkeys(named))
 
     def scaled(self, *, users: float = 1.0, time: float = 1.0) -> Profile:
         """Users, open-loop rates and pools times ``users``; every duration times ``time``.
@@ -214,6 +269,76 @@ def _length(value: Any, where: str) -> LengthDist:
     return LengthDist(mean=mean, stdev=float(stdev), min=lo, max=hi)
 
 
+def _seconds(value: Any, where: str) -> SecondsDist:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = {"mean": value}
+    section = mapping(value, where)
+    check_keys(section, {"mean", "stdev", "min", "max"}, where)
+    out: dict[str, float] = {}
+    for key, default in (("mean", None), ("stdev", 0.0), ("min", 0.0), ("max", 3600.0)):
+        raw = section.get(key, default)
+        if raw is None:
+            raise ProfileError(f"{where}.{key}: missing")
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
+            raise ProfileError(f"{where}.{key}: must be a number >= 0 (seconds), got {raw!r}")
+        out[key] = float(raw)
+    if out["min"] > out["max"]:
+        raise ProfileError(f"{where}: min {out['min']:g} > max {out['max']:g}")
+    if not out["min"] <= out["mean"] <= out["max"]:
+        raise ProfileError(f"{where}.mean: {out['mean']:g} is outside [min {out['min']:g}, max {out['max']:g}]")
+    return SecondsDist(**out)
+
+
+def _conversation(value: Any, where: str) -> ConversationSpec:
+    section = mapping(value, where)
+    check_keys(section, {"turns", "think_time_s"}, where)
+    if "turns" not in section:
+        raise ProfileError(f"{where}.turns: missing (a number of turns or a {{mean, stdev, min, max}} distribution)")
+    turns = _length(section["turns"], f"{where}.turns")
+    return ConversationSpec(turns=turns, think_time_s=_seconds(section.get("think_time_s", 0), f"{where}.think_time_s"))
+
+
+def _prefix(value: Any, where: str) -> Prefix:
+    section = mapping(value, where)
+    check_keys(section, {"count", "tokens", "groups"}, where)
+    if section.get("groups") is None:
+        return Prefix(integer(section, "count", where, 1), integer(section, "tokens", where))
+    if "count" in section:
+        raise ProfileError(f"{where}: set count (prefixes picked at random) or groups (stated shares), not both")
+    raw = section["groups"]
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{where}.groups: must be a non-empty list of {{share, tokens}}")
+    default = integer(section, "tokens", where) if section.get("tokens") is not None else None
+    shares: list[float] = []
+    lengths: list[int] = []
+    for i, item in enumerate(raw):
+        gw = f"{where}.groups[{i}]"
+        group = mapping(item, gw)
+        check_keys(group, {"share", "tokens"}, gw)
+        share = number(group, "share", gw)
+        if share > 1:
+            raise ProfileError(f"{gw}.share: must be in (0, 1], got {share:g}")
+        if group.get("tokens") is None and default is None:
+            raise ProfileError(f"{gw}.tokens: missing (set it here or in {where}.tokens)")
+        shares.append(share)
+        lengths.append(integer(group, "tokens", gw) if group.get("tokens") is not None else default)  # type: ignore[arg-type]
+    if sum(shares) > 1 + 1e-9:
+        raise ProfileError(f"{where}.groups: shares sum to {sum(shares):g}, more than 1")
+    return Prefix(len(shares), default or lengths[0], tuple(shares), tuple(lengths))
+
+
+def _adapters(value: Any, where: str) -> tuple[tuple[str | None, float], ...]:
+    section = mapping(value, where)
+    if not section:
+        raise ProfileError(f"{where}: must name at least one model (adapter name: weight)")
+    out: list[tuple[str | None, float]] = []
+    for name in section:
+        if not isinstance(name, str) or not name:
+            raise ProfileError(f"{where}: model names must be non-empty strings, got {name!r}")
+        out.append((None if name == BASE_MODEL else name, number(section, name, where)))
+    return tuple(out)
+
+
 def _prompt(value: Any, where: str, base: Path | None) -> PromptSpec:
     section = mapping(value, where)
     check_keys(section, {"source", "tokens", "path"}, where)
@@ -250,6 +375,8 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
         "images",
         "prefix",
         "class",
+        "conversation",
+        "adapters",
     }
     check_keys(section, allowed, where)
     endpoint = section.get("endpoint", "chat")
@@ -285,11 +412,15 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
             raise ProfileError(f"{where}.images: width and height must be <= 8192")
         if images.count and endpoint != "chat":
             raise ProfileError(f"{where}.images: image parts need endpoint chat")
-    prefix = None
-    if section.get("prefix") is not None:
-        psec = mapping(section["prefix"], f"{where}.prefix")
-        check_keys(psec, {"count", "tokens"}, f"{where}.prefix")
-        prefix = Prefix(integer(psec, "count", f"{where}.prefix", 1), integer(psec, "tokens", f"{where}.prefix"))
+    prefix = None if section.get("prefix") is None else _prefix(section["prefix"], f"{where}.prefix")
+    conversation = None
+    if section.get("conversation") is not None:
+        conversation = _conversation(section["conversation"], f"{where}.conversation")
+        if prompt.source != "synthetic":
+            raise ProfileError(f"{where}.conversation: needs prompt.source synthetic (later turns are synthetic text)")
+        if images.count:
+            raise ProfileError(f"{where}.conversation: images are not supported in conversations")
+    adapters = () if section.get("adapters") is None else _adapters(section["adapters"], f"{where}.adapters")
     return Traffic(
         name=_name(section, where),
         weight=number(section, "weight", where, 1.0),
@@ -304,6 +435,8 @@ def _traffic(value: Any, where: str, defaults: dict[str, Any], base: Path | None
         images=images,
         prefix=prefix,
         priority_class=priority_class,
+        conversation=conversation,
+        adapters=adapters,
     )
 
 
@@ -390,6 +523,7 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
             "stages",
             "request_timeout_s",
             "stop_timeout_s",
+            "cache_block_size",
         },
         "profile",
     )
@@ -432,6 +566,7 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
         stages=tuple(stages),
         source=source,
         sha256=sha256,
+        cache_block_size=integer(top, "cache_block_size", "profile", DEFAULT_CACHE_BLOCK_SIZE),
     )
 
 

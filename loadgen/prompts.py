@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import math
 import random
 import struct
 import zlib
@@ -206,6 +207,8 @@ class PreparedRequest:
     model: str
     max_tokens: int
     index: int
+    prefix_group: int | None = None
+    """Which of the entry's shared prefixes the request starts with (None: none)."""
 
 
 class SmoothWeightedRoundRobin:
@@ -226,6 +229,17 @@ class SmoothWeightedRoundRobin:
                 best = i
         self.current[best] -= self.total
         return best
+
+
+def share_weights(shares: tuple[float, ...]) -> list[float]:
+    """Integer round-robin weights for prefix-group shares, plus one for the rest (no prefix) when they sum
+    below 1: integers so that every cycle is exact (float weights drift). Shares are kept to 1e-6."""
+    scaled = [round(s * 1_000_000) for s in shares]
+    rest = 1_000_000 - sum(scaled)
+    if rest > 0:
+        scaled.append(rest)
+    divisor = math.gcd(*scaled)
+    return [float(w // divisor) for w in scaled]  # whole numbers: exact in float arithmetic
 
 
 def synthetic_text(rng: random.Random, tokens: int) -> str:
@@ -292,12 +306,18 @@ class PromptFactory:
         self._prefixes: dict[str, list[str]] = {}
         self._datasets: dict[str, list[tuple[str, int]]] = {}
         self._dataset_pos: dict[str, int] = {}
+        self._group_wrr: dict[str, SmoothWeightedRoundRobin] = {}
+        self._adapter_wrr: dict[str, SmoothWeightedRoundRobin] = {}
         for t in profile.traffic:
             if t.prefix is not None:
                 self._prefixes[t.name] = [
-                    synthetic_text(random.Random(f"prefix:{seed}:{t.name}:{i}"), t.prefix.tokens)
+                    synthetic_text(random.Random(f"prefix:{seed}:{t.name}:{i}"), t.prefix.group_tokens(i))
                     for i in range(t.prefix.count)
                 ]
+                if t.prefix.shares:
+                    self._group_wrr[t.name] = SmoothWeightedRoundRobin(share_weights(t.prefix.shares))
+            if t.adapters:
+                self._adapter_wrr[t.name] = SmoothWeightedRoundRobin([w for _, w in t.adapters])
             if t.prompt.source == "sharegpt" and t.prompt.path is not None:
                 items = list(load_sharegpt(t.prompt.path))
                 random.Random(f"sharegpt:{seed}:{t.name}").shuffle(items)
@@ -311,6 +331,9 @@ class PromptFactory:
         traffic = self.profile.traffic[self._wrr.next()]
         rng = random.Random(f"req:{self.seed}:{self.process_index}:{k}")
         model = traffic.model or default_model
+        adapters = self._adapter_wrr.get(traffic.name)
+        if adapters is not None:
+            model = traffic.adapters[adapters.next()][0] or model
         if traffic.prompt.source == "sharegpt":
             items = self._datasets[traffic.name]
             pos = self._dataset_pos[traffic.name]
@@ -325,7 +348,14 @@ class PromptFactory:
             assert traffic.output_tokens is not None
             max_tokens = traffic.output_tokens.sample(rng.gauss)
         prefixes = self._prefixes.get(traffic.name)
-        prefix = prefixes[rng.randrange(len(prefixes))] if prefixes else None
+        group: int | None = None
+        groups = self._group_wrr.get(traffic.name)
+        if groups is not None:
+            pick = groups.next()
+            group = pick if prefixes is not None and pick < len(prefixes) else None  # the last pick: no prefix
+        elif prefixes:
+            group = rng.randrange(len(prefixes))
+        prefix = prefixes[group] if prefixes and group is not None else None
         body: dict[str, Any] = {"model": model}
         if traffic.endpoint == "chat":
             messages: list[dict[str, Any]] = []
@@ -365,4 +395,5 @@ class PromptFactory:
             model=model,
             max_tokens=max_tokens,
             index=k,
+            prefix_group=group,
         )

@@ -57,6 +57,8 @@ class RequestRecord:
     """``usage`` (per token, from usage deltas) or ``chunk`` (no continuous usage: chunk gaps stand in)."""
     dispatch_lag: float | None = None
     chunks: int = 0
+    content: str | None = None
+    """The reply text as streamed, only when the request asked for it (conversations); else None."""
 
     @property
     def ok(self) -> bool:

@@ -16,13 +16,14 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadgen.profile import Profile, Stage
+from loadgen.profile import BASE_MODEL, Profile, Stage, Traffic
 from loadgen.store import Series, Store
+from loadgen.workload import workload_block
 from loadlens.contracts.results import RESULT_FILE, SCHEMA, SCHEMA_VERSION, BenchmarkResult
 from loadlens.contracts.slo import SLOConfig
 
@@ -167,6 +168,54 @@ def _sliced(store: Store, stages: set[str], dim: int) -> dict[str, Series]:
     return {name: store.merged(keys) for name, keys in sorted(groups.items())}
 
 
+def traffic_workload(t: Traffic) -> dict[str, Any]:
+    """What an entry's requests share and continue: ``adapters`` (shares of the entry's requests; ``base`` =
+    the base model), ``prefix`` (groups and shares), ``conversation`` (turns and think time)."""
+    total = sum(w for _, w in t.adapters)
+    prefix = None
+    if t.prefix is not None:
+        prefix = {
+            "count": t.prefix.count,
+            "tokens": t.prefix.tokens,
+            "groups": [{"share": share, "tokens": t.prefix.group_tokens(i)} for i, share in enumerate(t.prefix.shares)],
+        }
+    conversation = None
+    if t.conversation is not None:
+        conversation = {
+            "turns": asdict(t.conversation.turns),
+            "think_time_s": asdict(t.conversation.think_time_s),
+        }
+    return {
+        "adapters": {m or BASE_MODEL: round(w / total, 6) for m, w in t.adapters} if t.adapters else None,
+        "prefix": prefix,
+        "conversation": conversation,
+    }
+
+
+def trace_source(stage: Stage, series: Series) -> dict[str, Any] | None:
+    """A trace stage's ``trace``: the file (its sha256), the rows selected and sent, the time scaling."""
+    t = stage.trace
+    if t is None:
+        return None
+    return {
+        "path": t.path,
+        "format": t.data.format,
+        "sha256": t.data.sha256,
+        "rows": len(t.rows),
+        "rows_skipped": t.data.rows_skipped,
+        "rows_sent": series.completed + series.failed + series.outcomes.get("cancelled", 0),
+        "speedup": t.speedup,
+        "time_scale": t.time_scale,
+        "span_seconds": _num(t.span_s),
+        "start": t.start,
+        "end": t.end,
+        "limit": t.limit,
+        "model": t.model,
+        "block_size": t.block_size if t.data.format == "mooncake" else None,
+        "output_tokens": "trace" if t.output_tokens is None else "distribution",
+    }
+
+
 def build_result(
     *,
     run: Mapping[str, Any],
@@ -209,6 +258,7 @@ def build_result(
             "jain_fairness_index": _num(fairness(store, names, shares)),
             "classes": {c: block(s, w.duration) for c, s in _sliced(store, names, 1).items()},
             "models": {m: block(s, w.duration) for m, s in _sliced(store, names, 2).items()},
+            "workload": workload_block(store.workload, names, profile.cache_block_size),
         }
         if server is not None:
             entry["server"] = dict(server.get(w.spec.name, {}))
@@ -233,6 +283,7 @@ def build_result(
         "jain_fairness_index": _num(fairness(store, names, shares)),
         "classes": class_blocks,
         "models": {m: block(s, duration) for m, s in _sliced(store, names, 2).items()},
+        "workload": workload_block(store.workload, names, profile.cache_block_size),
     }
     table = [
         {
@@ -265,9 +316,11 @@ def build_result(
                     "priority": t.priority,
                     "priority_class": t.slo_class(slos).name,
                     "images": t.images.count,
+                    **traffic_workload(t),
                 }
                 for t in profile.traffic
             ],
+            "cache_block_size": profile.cache_block_size,
         },
         "slo": {
             "source": slos.source,

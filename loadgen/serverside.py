@@ -1,5 +1,5 @@
 """Server-side figures per stage from Prometheus (``--prometheus URL``): VRAM, GPU utilisation, server TTFT,
-the hot-swap SLA's counts.
+the hot-swap SLA's counts, the prefix cache's hit rate.
 
 Each figure has an ordered list of PromQL candidates; the first that returns a number wins, and the query
 used is recorded next to the figure, so a renamed series shows up as a null with a reason, never as a
@@ -63,6 +63,22 @@ QUERIES: dict[str, tuple[str, ...]] = {
     "lora_swap_blocked_requests": ("sum(increase(loadlens_lora_swap_blocking_seconds_count[{range}]))",),
     "lora_swap_delayed_requests": ("sum(increase(loadlens_lora_swap_delayed_requests_total[{range}]))",),
     "slo_eligible_requests": ("sum(increase(loadlens_slo_eligible_requests_total[{range}]))",),
+    # The prefix cache, in tokens looked up / found at a request's first scheduling: vLLM >= 0.9 (and the sim)
+    # name them vllm:prefix_cache_*; older vLLM vllm:gpu_prefix_cache_* (removed in 0.12).
+    "prefix_cache_hit_ratio": (
+        "sum(increase(vllm:prefix_cache_hits_total[{range}]))"
+        " / sum(increase(vllm:prefix_cache_queries_total[{range}]))",
+        "sum(increase(vllm:gpu_prefix_cache_hits_total[{range}]))"
+        " / sum(increase(vllm:gpu_prefix_cache_queries_total[{range}]))",
+    ),
+    "prefix_cache_hit_tokens": (
+        "sum(increase(vllm:prefix_cache_hits_total[{range}]))",
+        "sum(increase(vllm:gpu_prefix_cache_hits_total[{range}]))",
+    ),
+    "prefix_cache_query_tokens": (
+        "sum(increase(vllm:prefix_cache_queries_total[{range}]))",
+        "sum(increase(vllm:gpu_prefix_cache_queries_total[{range}]))",
+    ),
 }
 
 

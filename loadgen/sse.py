@@ -19,7 +19,9 @@ import json
 from typing import Any
 
 from loadgen.record import RequestRecord
+from loadlens.util.sse import NOT_COMPACT as _NOT_COMPACT
 from loadlens.util.sse import fast_fields as _fast_fields  # byte-level extraction, shared with the serving proxy
+from loadlens.util.sse import string_value as _string_value
 
 _loads = json.loads
 
@@ -53,10 +55,14 @@ class StreamParser:
         "chunks",
         "done",
         "error",
+        "text",
     )
 
-    def __init__(self, *, chat: bool, start: float) -> None:
+    def __init__(self, *, chat: bool, start: float, collect: bool = False) -> None:
         self.chat = chat
+        self.text: list[str] | None = [] if collect else None
+        """With ``collect``: the streamed ``content`` (chat) or ``text`` pieces, for conversations (off by
+        default: it costs a string decode per chunk)."""
         self.start = start
         self.first: float | None = None
         self.last_content: float | None = None
@@ -95,6 +101,8 @@ class StreamParser:
                 self.prompt_tokens = prompt
             return False
         if nonempty:
+            if self.text is not None:
+                self._collect(payload)
             self.chunks += 1
             if self.first is None:
                 self.first = t
@@ -124,6 +132,18 @@ class StreamParser:
                 self.usage_tokens = count
                 self.tokens = count
         return False
+
+    def _collect(self, payload: bytes) -> None:
+        """Keep the chunk's reply text (chat ``content``, not ``reasoning_content``; completions ``text``)."""
+        value = _string_value(payload, b'"content"' if self.chat else b'"text"')
+        if value is _NOT_COMPACT:
+            try:
+                choice = (_loads(payload).get("choices") or [{}])[0]
+                value = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+            except (ValueError, AttributeError, IndexError):
+                value = None
+        if isinstance(value, str) and value and self.text is not None:
+            self.text.append(value)
 
     def _slow_fields(self, payload: bytes) -> tuple[bool, bool, int | None, int | None] | None:
         """The same fields through json.loads; None (with ``error`` set) for error events and bad JSON."""
@@ -179,4 +199,6 @@ class StreamParser:
         record.chunk_gaps = self.gaps
         record.itl = self.itl
         record.itl_source = "usage" if self.continuous else "chunk"
+        if self.text is not None:
+            record.content = "".join(self.text)
         return record

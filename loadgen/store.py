@@ -30,6 +30,7 @@ from typing import Any
 from hdrh.histogram import HdrHistogram
 
 from loadgen.record import OUTCOMES, SLO_NAMES, SUCCESS, RequestRecord, breaches
+from loadgen.workload import WorkloadStats
 from loadlens.contracts.slo import PriorityClass
 
 HDR_LOWEST_US = 1
@@ -372,6 +373,8 @@ class Store:
         """How late the load generator's event loop woke from 5 ms sleeps, per stage window: every timestamp the
         client takes can be late by as much, so its p99 bounds the client's own measurement error."""
         """CPU time the load-generator processes spent while each stage was current (summed over processes)."""
+        self.workload = WorkloadStats(self.bounds["ttft"])
+        """Conversations, per-turn figures and the expected prefix-cache hits, per stage (loadgen/workload.py)."""
         self.timelines: dict[str, Timeline] = {}
         """Per stage (the stage a request began in): the over-saturation test's series."""
 
@@ -432,6 +435,7 @@ class Store:
             self.cpu_seconds[stage] += seconds
         for stage, dist in other.loop_lag.items():
             self.lag(stage).merge(dist)
+        self.workload.merge(other.workload)
         for stage, timeline in other.timelines.items():
             self.timeline(stage).merge(timeline)
 
@@ -442,6 +446,7 @@ class Store:
             "tokens_by_second": {str(k): v for k, v in self.tokens_by_second.items()},
             "cpu_seconds": dict(self.cpu_seconds),
             "loop_lag": {k: d.to_wire() for k, d in self.loop_lag.items() if d.count},
+            "workload": self.workload.to_wire(),
             "timelines": {k: t.to_wire() for k, t in self.timelines.items()},
         }
 
@@ -457,6 +462,7 @@ class Store:
             store.cpu_seconds[str(k)] += float(v)
         for k, d in doc.get("loop_lag", {}).items():
             store.loop_lag[str(k)] = Dist.from_wire(store.bounds["dispatch_lag"], d)
+        store.workload = WorkloadStats.from_wire(store.bounds["ttft"], doc.get("workload", {}))
         for k, tl in doc.get("timelines", {}).items():
             store.timelines[str(k)] = Timeline.from_wire(tl)
         return store
@@ -469,5 +475,6 @@ class Store:
         self.tokens_by_second = Counter()
         self.cpu_seconds = defaultdict(float)
         self.loop_lag = {}
+        self.workload = WorkloadStats(self.bounds["ttft"])
         self.timelines = {}
         return doc

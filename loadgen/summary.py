@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from loadgen.workload import summary_lines as workload_summary
+
 Column = tuple[str, int, Callable[[Mapping[str, Any]], str]]
 
 
@@ -103,6 +105,7 @@ def stage_table(doc: Mapping[str, Any]) -> str:
         lines.append(f"{_name(r):<{width}} " + " ".join(f"{cell(r):>{w}}" for _, w, cell in columns))
     lines.append(LEGEND + (" (server columns: Prometheus, over the stage)" if len(columns) > len(COLUMNS) else ""))
     lines.extend(saturation_lines(stages))
+    lines.extend(workload_summary(doc))  # conversations and the prefix cache, when the run had them
     validity = doc.get("validity") or {}
     if validity and not validity.get("results_valid", True):
         lines.append("RESULTS INVALID: " + "; ".join(validity.get("reasons", [])))

@@ -150,7 +150,7 @@ class LocalRole(Role):
 
     def _seed_series(self) -> None:
         """Export every label set from the start, at zero."""
-        models = {t.model or self.model or "unknown" for t in self.profile.traffic}
+        models = {m for t in self.profile.traffic for m in t.models_for(self.model or "unknown")}  # adapters too
         classes = set(self.classes.values())
         self.store.seed((s.name, c.name, m) for s in self.stages for c in classes for m in models)
 

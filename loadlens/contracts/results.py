@@ -136,6 +136,34 @@ class ServerFigures(_Model):
     lora_swap_blocked_requests: float | None = None
     lora_swap_delayed_requests: float | None = None
     slo_eligible_requests: float | None = None
+    # The server's prefix cache over the stage, in tokens (vLLM's vllm:prefix_cache_{hits,queries}_total;
+    # increase(), so extrapolated): hits / queries is the ratio beside the workload's expected one.
+    prefix_cache_hit_ratio: float | None = None
+    prefix_cache_hit_tokens: float | None = None
+    prefix_cache_query_tokens: float | None = None
+
+
+class TurnFigures(_Model):
+    """Successful requests of one turn number of the stage's conversations (``1`` … ``31``, ``32+``)."""
+
+    completed: Count = None
+    mean_prompt_tokens: float | None = None  # the context the turn carried (usage.prompt_tokens)
+    mean_ttft_ms: Ms = None
+    p50_ttft_ms: Ms = None
+    p99_ttft_ms: Ms = None
+
+
+class WorkloadFigures(_Model):
+    """What the traffic shared and continued (docs/loadgen.md, *Conversations*, *Shared prefixes*)."""
+
+    cache_block_size: Count = None  # tokens per KV block the expectation assumes (profile cache_block_size)
+    prompt_tokens: Count = None  # usage.prompt_tokens of the successful requests
+    expected_prefix_cache_hit_tokens: Count = None  # what a perfect prefix cache of whole blocks would hit
+    expected_prefix_cache_hit_ratio: float | None = None  # the two above divided; None without requests
+    conversations_started: Count = None  # first turns sent in the slice
+    conversations_completed: Count = None  # last turns that succeeded in the slice
+    conversations_ended_early: Count = None  # turns that failed in the slice (each ends its conversation)
+    turns: dict[str, TurnFigures] = Field(default_factory=dict)
 
 
 class SliceFigures(Figures):
@@ -149,6 +177,7 @@ class SliceFigures(Figures):
     jain_fairness_index: float | None = None
     classes: dict[str, Figures] = Field(default_factory=dict)
     models: dict[str, Figures] = Field(default_factory=dict)
+    workload: WorkloadFigures | None = None  # absent in older files
 
 
 class SaturationTrend(_Model):
@@ -230,6 +259,26 @@ class RunInfo(_Model):
     versions: Versions = Field(default_factory=Versions)
 
 
+class Distribution(_Model):
+    """A profile distribution: normal(mean, stdev) truncated to [min, max]."""
+
+    mean: float
+    stdev: float = 0.0
+    min: float
+    max: float
+
+
+class TrafficPrefix(_Model):
+    count: int  # distinct shared prefixes
+    tokens: int
+    groups: list[dict[str, float]] = Field(default_factory=list)  # {share, tokens} per group; [] = random pick
+
+
+class TrafficConversation(_Model):
+    turns: Distribution
+    think_time_s: Distribution
+
+
 class TrafficClass(_Model):
     name: str
     weight: float
@@ -239,6 +288,9 @@ class TrafficClass(_Model):
     priority: int | None = None
     priority_class: str
     images: int = 0
+    adapters: dict[str, float] | None = None  # model -> share of the entry's requests ("base": the base model)
+    prefix: TrafficPrefix | None = None
+    conversation: TrafficConversation | None = None
 
 
 class ProfileInfo(_Model):
@@ -249,6 +301,7 @@ class ProfileInfo(_Model):
     users_scale: float | None = None
     time_scale: float | None = None
     traffic: list[TrafficClass] = Field(default_factory=list)
+    cache_block_size: int | None = None
 
 
 class SLOClass(_Model):

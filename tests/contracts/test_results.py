@@ -72,7 +72,8 @@ def test_docs_name_every_key() -> None:
     text = (ROOT / "docs" / "loadgen.md").read_text()
     models = (R.StageResult, R.Overall, R.RunInfo, R.ProfileInfo, R.TrafficClass, R.SLOInfo, R.SLOClass,
               R.Validity, R.SummaryRow, R.ServerFigures, R.Versions, R.BenchmarkResult, R.Verdict, R.VerdictWindow,
-              R.SLOCheck, R.VerdictAlert, R.VerdictPage)  # fmt: skip
+              R.SLOCheck, R.VerdictAlert, R.VerdictPage, R.WorkloadFigures, R.TurnFigures, R.TrafficPrefix,
+              R.TrafficConversation, R.Distribution)  # fmt: skip
     missing = sorted(k for m in models for k in _keys(m) if not LATENCY_KEY.match(k) and k not in text)
     assert missing == []
     for infix in ("ttft", "tpot", "itl", "e2el", "chunk_itl", "dispatch_lag"):
