@@ -1,13 +1,15 @@
-"""What every rule group shares: the burn-rate and SLI windows, the selector context, the ``le`` spelling,
-one alert's shape, and the runbook links added to all alerts."""
+"""What every rule group shares: the burn-rate and SLI windows, the selector context, the engine series in
+every dialect, the ``le`` spelling, one alert's shape, and the runbook links added to all alerts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
+from loadlens.contracts.engine_series import BY_VLLM
 from loadlens.contracts.ports import SERVE_JOB
 from loadlens.contracts.slo import SLOConfig
 
@@ -31,6 +33,26 @@ class Ctx:
     def sel(self, name: str, extra: str = "") -> str:
         base = self.a["selectors"][name]
         return "{" + ",".join(x for x in (base, extra) if x) + "}"
+
+    def engine(self, vllm: str, form: Callable[[str], str], selector: str = "serving") -> str:
+        """``form`` of one engine fact in every dialect: ``form(vLLM's series) or form(sglang's counterpart)``.
+
+        ``form`` gets a series selector (name and matchers) and returns an instant-vector expression; the
+        counterpart comes from loadlens/contracts/engine_series.py (the one mapping), with its matchers, and
+        its constant labels added so both dialects' series have the vLLM shape. Without a counterpart only
+        vLLM's form is returned. Wrap the result in an aggregation, whose parentheses bind the ``or`` (``>``
+        binds tighter): the union then sums or maxes across dialects as across replicas, so a model served by
+        a vLLM and an sglang replica counts both. Their label sets never coincide (vLLM's series carry
+        ``engine``, sglang's ``engine_type``), so ``or`` drops neither.
+        """
+        entry = BY_VLLM[vllm]
+        parts = [form(vllm + self.sel(selector, entry.vllm_matchers))]
+        if entry.sglang is not None:
+            other = form(entry.sglang.name + self.sel(selector, entry.sglang.matchers))
+            for key, value in entry.sglang.labels:
+                other = f'label_replace({other}, "{key}", "{value}", "", "")'
+            parts.append(other)
+        return " or ".join(parts)
 
 
 def le(value: float) -> str:

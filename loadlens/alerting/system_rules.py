@@ -1,5 +1,8 @@
 """The alerts on the system beside the SLOs: the engine (queue, KV cache, preemptions), the GPUs, the load
-generator and training."""
+generator and training.
+
+The engine alerts read vLLM's series or, for an sglang upstream, their counterparts (``Ctx.engine``); the
+alerts' labels are the same for both (``model_name``)."""
 
 from __future__ import annotations
 
@@ -7,18 +10,28 @@ from typing import Any
 
 from loadlens.alerting.rule_kit import Ctx, alert
 
+# The vLLM series each engine alert reads; Ctx.engine adds the other dialects' counterparts.
+ENGINE_ALERT_SERIES = {
+    "LoadlensQueueGrowing": "vllm:num_requests_waiting",
+    "LoadlensKVCacheNearFull": "vllm:kv_cache_usage_perc",
+    "LoadlensPreemptionSpike": "vllm:num_preemptions_total",
+}
+
 
 def engine_alert_group(c: Ctx) -> dict[str, Any]:
     a = c.a
     s = c.sel("serving")
     queue_full = c.sel("serving", 'reason="queue_full"')
+    series = ENGINE_ALERT_SERIES
+    waiting, kv = series["LoadlensQueueGrowing"], series["LoadlensKVCacheNearFull"]
+    preempted = series["LoadlensPreemptionSpike"]
     return {
         "name": "loadlens-engine",
         "rules": [
             alert(
                 "LoadlensQueueGrowing",
-                f"sum by (model_name) (vllm:num_requests_waiting{s}) > {a['waiting_requests']:g}"
-                f" and sum by (model_name) (deriv(vllm:num_requests_waiting{s}[2m])) > 0",
+                f"sum by (model_name) ({c.engine(waiting, lambda w: w)}) > {a['waiting_requests']:g}"
+                f"\nand sum by (model_name) ({c.engine(waiting, lambda w: f'deriv({w}[2m])')}) > 0",
                 "2m",
                 "warning",
                 "The engine's waiting queue is long and still growing.",
@@ -27,7 +40,7 @@ def engine_alert_group(c: Ctx) -> dict[str, Any]:
             ),
             alert(
                 "LoadlensKVCacheNearFull",
-                f"max by (model_name) (vllm:kv_cache_usage_perc{s}) > {a['kv_cache_usage_ratio']}",
+                f"max by (model_name) ({c.engine(kv, lambda u: u)}) > {a['kv_cache_usage_ratio']}",
                 "2m",
                 "warning",
                 "The KV cache is nearly full.",
@@ -36,7 +49,8 @@ def engine_alert_group(c: Ctx) -> dict[str, Any]:
             alert(
                 "LoadlensPreemptionSpike",
                 # The exposed counter ends in _total; rate(vllm:num_preemptions[...]) would match nothing.
-                f"sum by (model_name) (rate(vllm:num_preemptions_total{s}[1m])) > {a['preemptions_per_second']:g}",
+                f"sum by (model_name) ({c.engine(preempted, lambda p: f'rate({p}[1m])')})"
+                f" > {a['preemptions_per_second']:g}",
                 "1m",
                 "warning",
                 "The engine is preempting requests.",
