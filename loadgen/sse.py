@@ -36,7 +36,8 @@ class StreamParser:
       first appears after content chunks without it (older llama.cpp servers: on the finish chunk, beside its
       ``choices``) is a total, like the final ``include_usage`` chunk: the chunk gaps stand in for ITL.
     - chunk gaps: time between consecutive non-empty content chunks (reported separately; the ITL fallback).
-    - E2E: intended start to ``[DONE]`` (or to the end of the body when a server omits it).
+    - E2E: intended start to ``[DONE]``, or to the end of the body when a server omits ``[DONE]`` after a
+      chunk with a ``finish_reason`` (TGI before 2.2 did); a body that ends before either is a stream error.
     """
 
     __slots__ = (
@@ -55,6 +56,7 @@ class StreamParser:
         "chunks",
         "done",
         "error",
+        "finished",
         "text",
     )
 
@@ -77,6 +79,7 @@ class StreamParser:
         self.chunks = 0
         self.done: float | None = None
         self.error = ""
+        self.finished = False  # a chunk with a finish_reason came: the stream is complete even without [DONE]
 
     def feed(self, line: bytes, t: float) -> bool:
         """Consume one line received at ``t``; True when the stream is finished (``[DONE]`` or an error)."""
@@ -93,6 +96,10 @@ class StreamParser:
                 self.done = t
                 return True
         has_choices, nonempty, count, prompt = fields
+        if not self.finished and has_choices:
+            f = payload.find(b'"finish_reason":"')
+            # TGI's completions chunks carry "" until the last one
+            self.finished = f >= 0 and payload[f + 17 : f + 18] not in (b'"', b"")
         if not has_choices:
             # The final include_usage chunk ("choices": []): totals only, never an ITL sample.
             if count is not None:
@@ -168,6 +175,8 @@ class StreamParser:
         if not choices:
             return False, False, count, prompt
         choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finished = True
         if self.chat:
             delta = choice.get("delta") or {}
             text = delta.get("content") or delta.get("reasoning_content")
@@ -181,7 +190,7 @@ class StreamParser:
         record = RequestRecord(status=status, chunks=self.chunks, prompt_tokens=self.prompt_tokens)
         if self.error:
             record.outcome, record.reason = "stream_error", self.error
-        elif self.done is None:
+        elif self.done is None and not self.finished:
             record.outcome, record.reason = "stream_error", "stream ended without [DONE]"
         elif self.first is None:
             record.outcome, record.reason = "stream_error", "no content in the stream"

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from exporters.serving.engines.upstream_kinds import KINDS as UPSTREAM_KINDS
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
 
 DEFAULT_PORT = 8000
@@ -42,6 +43,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     env_arg(p, "--engine", choices=["sim", "openai"], default="sim", help="engine behind the HTTP layer")
     env_arg(p, "--upstream", default=None, help="upstream base URL for --engine openai, e.g. http://127.0.0.1:8001")
     env_arg(p, "--upstream-api-key", default=None, help="bearer token sent to the upstream (openai engine)")
+    env_arg(
+        p,
+        "--upstream-kind",
+        choices=["auto", *UPSTREAM_KINDS],
+        default="auto",
+        help="openai engine: the upstream's server, for its adapter endpoints and context length; auto detects it "
+        "from /v1/models (and TGI's /info)",
+    )
     env_arg(
         p,
         "--upstream-max-connections",
@@ -135,6 +144,7 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
                 read_timeout_s=args.upstream_read_timeout,
                 max_connections=args.upstream_max_connections,
                 registry=registry,
+                upstream_kind=args.upstream_kind,
             )
         except ValueError as err:
             raise UsageError(str(err)) from err
@@ -150,6 +160,8 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
 
     if args.upstream_probe_dir is not None or args.upstream_probe_hostname:
         raise UsageError("--upstream-probe-dir applies to --engine openai only (the sim knows its own swaps)")
+    if args.upstream_kind != "auto":
+        raise UsageError("--upstream-kind applies to --engine openai only")
     from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile
 
     try:
@@ -237,7 +249,9 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     detail = (
-        f"upstream={args.upstream}" if args.engine == "openai" else f"model={args.model_profile} gpu={args.gpu_profile}"
+        f"upstream={args.upstream} upstream_kind={args.upstream_kind}"
+        if args.engine == "openai"
+        else f"model={args.model_profile} gpu={args.gpu_profile}"
     )
     print(
         f"loadlens serve: engine={args.engine} {detail} on http://{args.host}:{args.port}", file=sys.stderr, flush=True

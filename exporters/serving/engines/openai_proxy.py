@@ -1,5 +1,5 @@
 """The ``openai`` engine: a transparent proxy to any OpenAI-compatible upstream (vllm serve, sglang,
-llama.cpp server, another loadlens).
+llama.cpp server, text-generation-inference, another loadlens).
 
 - Streams without buffering and without re-encoding: each read of the upstream connection becomes one event
   whose ``wire_frames`` are the upstream's SSE frames as they came (several when the proxy fell behind: one
@@ -8,6 +8,8 @@ llama.cpp server, another loadlens).
   only to clients that asked for it.
 - Non-streaming client requests are streamed from the upstream too, so the proxy measures time to first token
   for them as well; the HTTP layer assembles the JSON body.
+- The upstream's kind (``--upstream-kind``, detected with ``auto``; ``upstream_kinds.py``) decides which
+  adapter endpoints it has (or that it has none: 501) and where its context length comes from.
 - Upstream errors keep their status and body. The proxy answers for itself only when the upstream could not be
   used: 503 unreachable, 502 closed without answering / broken stream, 504 no answer in time, each counted by
   reason; a try that provably never reached the upstream (a stale keep-alive connection) is sent again.
@@ -19,12 +21,13 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from exporters.serving.engine import (
     Engine,
@@ -39,11 +42,13 @@ from exporters.serving.engine import (
     RequestStream,
     RequestTiming,
 )
+from exporters.serving.engines import upstream_kinds
 from exporters.serving.swap_windows import SwapWindows, progress_marks
 from loadlens.util import sse
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _FINISH = {r.value: r for r in FinishReason}
+_log = logging.getLogger("loadlens.serve")
 # Headers the proxy must not forward: hop-by-hop ones, and the body-describing ones aiohttp recomputes.
 _DROP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding"}
 
@@ -92,8 +97,11 @@ def _error_message(body: Mapping[str, Any] | None, status: int, raw: bytes) -> s
         err = body.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
             return str(err["message"])
-        if isinstance(body.get("message"), str):
-            return str(body["message"])
+        if isinstance(err, str) and err:
+            return err  # TGI: {"error": "...", "error_type": "..."}
+        for key in ("message", "error_message"):  # sglang's adapter calls: {"success": false, "error_message"}
+            if isinstance(body.get(key), str) and body[key]:
+                return str(body[key])
     text = raw[:200].decode("utf-8", "replace").strip()
     return f"upstream returned HTTP {status}" + (f": {text}" if text else "")
 
@@ -116,6 +124,7 @@ class _ProxyStream(RequestStream):
         windows: SwapWindows | None = None,
         on_failure: Callable[[str], None] | None = None,
         table: dict[str, _ProxyStream] | None = None,
+        on_token_source: Callable[[str], None] | None = None,
     ) -> None:
         self.request_id = request.request_id
         self._table = table  # the engine's streams in flight: left on aclose, which every ending reaches
@@ -131,6 +140,11 @@ class _ProxyStream(RequestStream):
         self._keep_final_usage = bool(options.get("include_usage"))
         self._client_streams = request.stream_requested
         self._on_failure = on_failure
+        self._on_token_source = on_token_source
+        # Where this stream's token counts came from (TOKEN_SOURCES): "usage" once a content chunk carried a
+        # running count, "final_usage" once a total came after content without one; None: content chunks.
+        self._source: str | None = None
+        self._content_chunks = 0
         self._prompt_tokens = 0
         self._output_tokens = 0
         self._finished = False
@@ -278,11 +292,21 @@ class _ProxyStream(RequestStream):
         if completion is None:
             new_tokens = 1 if nonempty else 0
         else:
+            self._note_count(nonempty)
             new_tokens = max(0, completion - self._output_tokens)
+        if nonempty:
+            self._content_chunks += 1
         self._output_tokens += new_tokens
         self._tokens += new_tokens
         if text and not self._client_streams:
             self._texts.append(text)
+
+    def _note_count(self, nonempty: bool) -> None:
+        """A choice chunk carried ``usage.completion_tokens``: a running count when no content came before it
+        without one (continuous usage stats), else a total on a late chunk (older llama.cpp's finish chunk,
+        TGI's last completions chunk)."""
+        if self._source is None:
+            self._source = "usage" if self._content_chunks == 0 else "final_usage"
 
     def _fast(self, payload: bytes) -> bool | None:
         """Read a plain content chunk (most of a stream, the role chunk included) by byte search and keep it
@@ -296,8 +320,8 @@ class _ProxyStream(RequestStream):
         ):
             return None
         f = payload.find(b'"finish_reason":')
-        if f >= 0 and payload[f + 16 : f + 20] != b"null":
-            return None
+        if f >= 0 and payload[f + 16 : f + 20] != b"null" and payload[f + 16 : f + 18] != b'""':
+            return None  # TGI's completions chunks say "" until the last
         completion = None
         if b'"usage":{' in payload:
             if not self._keep_usage:
@@ -343,6 +367,7 @@ class _ProxyStream(RequestStream):
             if nonempty:
                 self._output_tokens += 1
                 self._tokens += 1
+                self._content_chunks += 1
         else:
             self._add(text, nonempty, completion)
         return True
@@ -373,6 +398,8 @@ class _ProxyStream(RequestStream):
             # The usage-only chunk after the finishing one: exact totals; forwarded only if asked for.
             if completion is not None:
                 self._output_tokens = max(self._output_tokens, completion)
+                if self._source is None:
+                    self._source = "final_usage"
             return self._keep_final_usage
         if self._chat:
             delta = choice.get("delta") or {}
@@ -388,9 +415,11 @@ class _ProxyStream(RequestStream):
             self._finish = _FINISH.get(reason, FinishReason.STOP)
             stop_reason = choice.get("stop_reason")
             self._stop_reason = stop_reason if isinstance(stop_reason, str) else None
-        if isinstance(usage, dict) and not self._keep_usage:
-            chunk.pop("usage", None)  # usage the client did not ask for (an upstream that sends it anyway)
-            return json.dumps(chunk, separators=(",", ":")).encode()
+        if isinstance(usage, dict) and not (self._keep_usage or self._keep_final_usage):
+            # Usage the client asked no usage for: the proxy's own include_usage may have caused it. A client that
+            # asked for usage gets it where the upstream puts it (older llama.cpp: on the finish chunk).
+            chunk.pop("usage", None)
+            return json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
         return True
 
     async def aclose(self) -> None:
@@ -400,6 +429,8 @@ class _ProxyStream(RequestStream):
         if self._table is not None:
             self._table.pop(self.request_id, None)
         self.timing.lora_blocked_seconds += self._windows.blocked(self._marks)  # before finish_ok reads it
+        if self._finished and self._on_token_source is not None:
+            self._on_token_source(self._source or "chunks")
         # Closing (not releasing) the connection tells the upstream to abort the request, as a client
         # disconnect would; vLLM frees the slot and KV blocks on that.
         if not self._finished:
@@ -426,6 +457,16 @@ FAILURE_REASONS = ("connect", "connection_closed", "timeout", "invalid_response"
 - ``stream_broken``: an accepted stream broke, stalled past the read timeout or was cut short: 502 as an SSE
   error event;
 - ``bad_stream``: an accepted stream carried invalid JSON or an error event: 502 as an SSE error event.
+"""
+
+TOKEN_SOURCES = ("usage", "final_usage", "chunks")
+"""Where a finished stream's output-token counts came from (``loadlens_proxy_token_counts_total{source}``):
+
+- ``usage``: content chunks carried ``usage.completion_tokens`` (continuous usage stats): each output event's
+  token count is the upstream's;
+- ``final_usage``: one token per content chunk, the total corrected by the upstream's final usage (a
+  ``choices: []`` chunk, or a total on a late chunk): the fallback, exact in total, per event assumed;
+- ``chunks``: the upstream sent no usage at all: one token per content chunk, total included (an estimate).
 """
 
 RETRY_REASONS = ("stale_connection", "connect")
@@ -510,14 +551,36 @@ class ProxyMetrics:
             ["reason"],
             registry=registry,
         )
+        self.token_counts = Counter(
+            "loadlens_proxy_token_counts",
+            "Finished streams by where their output-token counts came from (usage, final_usage, chunks).",
+            ["source"],
+            registry=registry,
+        )
+        self.upstream_info = Gauge(
+            "loadlens_proxy_upstream_info",
+            "1 for the kind of upstream the proxy drives (--upstream-kind, or detected by auto).",
+            ["upstream_kind"],
+            registry=registry,
+        )
         self._failures = {reason: self.failures.labels(reason) for reason in FAILURE_REASONS}
         self._retries = {reason: self.retries.labels(reason) for reason in RETRY_REASONS}
+        self._token_counts = {source: self.token_counts.labels(source) for source in TOKEN_SOURCES}
+        self.upstream_info.labels(upstream_kinds.UNKNOWN).set(1)
 
     def failure(self, reason: str) -> None:
         self._failures[reason].inc()
 
     def retry(self, reason: str) -> None:
         self._retries[reason].inc()
+
+    def token_source(self, source: str) -> None:
+        self._token_counts[source].inc()
+
+    def set_kind(self, kind: str) -> None:
+        """One series at 1: the kind in use (``unknown`` until ``auto`` has seen the upstream)."""
+        self.upstream_info.clear()
+        self.upstream_info.labels(kind).set(1)
 
 
 class _Attempt:
@@ -536,7 +599,9 @@ async def _on_reuse(_session: aiohttp.ClientSession, ctx: Any, _params: Any) -> 
 
 class OpenAIProxyEngine(Engine):
     """Forwards to ``upstream`` (e.g. ``http://127.0.0.1:8001``) over one bounded pool of keep-alive
-    connections (``max_connections``; 0 = unbounded). Requests beyond the pool wait for a free connection."""
+    connections (``max_connections``; 0 = unbounded). Requests beyond the pool wait for a free connection.
+    ``upstream_kind`` (``auto`` or one of ``upstream_kinds.KINDS``) picks its adapter endpoints and context
+    length source; ``auto`` detects it from the upstream's own answers (:meth:`_detect`)."""
 
     name = "openai"
 
@@ -550,7 +615,12 @@ class OpenAIProxyEngine(Engine):
         max_connections: int = 1024,
         swap_windows: SwapWindows | None = None,
         registry: CollectorRegistry | None = None,
+        upstream_kind: str = "auto",
     ) -> None:
+        if upstream_kind != "auto" and upstream_kind not in upstream_kinds.KINDS:
+            raise ValueError(
+                f"upstream_kind must be auto or one of {', '.join(upstream_kinds.KINDS)}, got {upstream_kind!r}"
+            )
         if not upstream.startswith(("http://", "https://")):
             raise ValueError(f"upstream must be an http(s) URL, got {upstream!r}")
         if max_connections < 0:
@@ -571,6 +641,13 @@ class OpenAIProxyEngine(Engine):
         self._cards: list[ModelCard] = []
         self.swap_windows = swap_windows if swap_windows is not None else SwapWindows()  # load/unload calls, timed
         self.metrics = ProxyMetrics(registry if registry is not None else CollectorRegistry())
+        self.configured_kind = upstream_kind
+        self.kind: str | None = None if upstream_kind == "auto" else upstream_kind
+        self.kind_evidence = "" if self.kind is None else "--upstream-kind"
+        self.context_length: int | None = None  # from the kind's source, once read
+        self._context_read = False
+        if self.kind is not None:
+            self.metrics.set_kind(self.kind)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -665,7 +742,15 @@ class OpenAIProxyEngine(Engine):
             raise upstream_error(
                 self.upstream, response.status, raw=raw, retry_after=response.headers.get("retry-after")
             )
-        stream = _ProxyStream(response, request, self.upstream, self.swap_windows, self.metrics.failure, self._streams)
+        stream = _ProxyStream(
+            response,
+            request,
+            self.upstream,
+            self.swap_windows,
+            self.metrics.failure,
+            self._streams,
+            self.metrics.token_source,
+        )
         self._streams[request.request_id] = stream
         stream.timing.queued = time.monotonic()
         return stream
@@ -675,21 +760,35 @@ class OpenAIProxyEngine(Engine):
         if stream is not None:
             await stream.aclose()
 
-    async def _fetch_models(self) -> list[ModelCard]:
+    async def _get(self, path: str) -> tuple[int, bytes]:
+        """GET ``path``: (status, body). Raises EngineError (503) when the upstream is unreachable."""
         session = self._require_session()
         try:
-            async with session.get(self.upstream + "/v1/models", headers=self._headers()) as response:
-                raw = await response.read()
-                if response.status != 200:
-                    # Never reaches a client (models() and start() fall back to the cached cards).
-                    raise upstream_error(self.upstream, response.status, raw=raw)
+            async with session.get(self.upstream + path, headers=self._headers()) as response:
+                return response.status, await response.read()
         except _UNREACHABLE as err:
             raise upstream_error(self.upstream, err) from err
+
+    async def _get_json(self, path: str) -> tuple[int, Mapping[str, Any] | None]:
+        """GET ``path``: (status, its JSON object or None)."""
+        status, raw = await self._get(path)
+        return status, _error_body(raw)
+
+    async def _fetch_models(self) -> list[ModelCard]:
+        status, raw = await self._get("/v1/models")
+        if status != 200:
+            # Never reaches a client (models() and start() fall back to the cached cards).
+            if self.kind is None:
+                await self._settle_kind("openai", f"/v1/models answered {status}")
+            raise upstream_error(self.upstream, status, raw=raw)
         doc = _error_body(raw) or {}
+        await self._detect(doc)
         cards = []
         for item in doc.get("data") or []:
             if isinstance(item, dict) and isinstance(item.get("id"), str):
                 mml = item.get("max_model_len")
+                if not isinstance(mml, int):
+                    mml = self.context_length  # llama.cpp, TGI, older sglang: from the kind's own source
                 cards.append(
                     ModelCard(
                         id=item["id"],
@@ -706,6 +805,61 @@ class OpenAIProxyEngine(Engine):
             self._cards = await self._fetch_models()
         return list(self._cards)
 
+    def max_model_len(self) -> int | None:
+        return self.context_length
+
+    async def _detect(self, models: Mapping[str, Any]) -> None:
+        """Settle the kind (``auto``) from a 200 ``/v1/models`` answer, then read the context length from the
+        kind's source, each once. ``auto``: the cards' ``owned_by`` (vllm, sglang, llamacpp; loadlens is
+        driven as vLLM); a card owned by itself with ``created`` 0 is TGI's if ``/info`` names TGI's router;
+        anything else is ``openai``, with no further requests."""
+        info: Mapping[str, Any] | None = None
+        if self.kind is None:
+            kind = upstream_kinds.kind_from_models(models)
+            evidence = f"/v1/models owned_by {kind}"
+            if kind is None and upstream_kinds.may_be_tgi(models):
+                status, info = await self._get_json("/info")
+                if status == 200 and upstream_kinds.is_tgi_info(info):
+                    kind, evidence = "tgi", "/info router text-generation-router"
+            if kind is None:
+                kind, evidence = "openai", "no known server in /v1/models"
+            await self._settle_kind(kind, evidence)
+        if self._context_read:
+            return
+        self._context_read = True
+        context = upstream_kinds.context_from_models(models)
+        with contextlib.suppress(EngineError):  # the context length is a nicety: never fail a call for it
+            if context is None and self.kind == "llamacpp":
+                status, props = await self._get_json("/props")
+                context = upstream_kinds.context_from_llamacpp_props(props) if status == 200 else None
+            elif context is None and self.kind == "tgi":
+                if info is None:
+                    status, info = await self._get_json("/info")
+                context = upstream_kinds.context_from_tgi_info(info)
+            elif context is None and self.kind == "sglang":
+                status, server = await self._get_json("/get_server_info")
+                context = upstream_kinds.context_from_sglang_server_info(server) if status == 200 else None
+        self.context_length = context
+
+    async def _settle_kind(self, kind: str, evidence: str) -> None:
+        self.kind, self.kind_evidence = kind, evidence
+        self.metrics.set_kind(kind)
+        _log.info("upstream %s is %s (%s)", self.upstream, kind, evidence)
+
+    async def _dialect(self) -> upstream_kinds.Dialect:
+        """The upstream's dialect; an ``auto`` kind not yet seen is detected now (503 while unreachable)."""
+        if self.kind is None:
+            self._cards = await self._fetch_models()
+        assert self.kind is not None
+        return upstream_kinds.DIALECTS[self.kind]
+
+    def _no_swaps(self, dialect: upstream_kinds.Dialect) -> EngineError:
+        return EngineError(
+            ErrorKind.UPSTREAM,
+            f"the {dialect.kind} upstream cannot load or unload LoRA adapters at runtime: {dialect.no_swap_reason}",
+            status=501,
+        )
+
     async def _post_admin(self, path: str, body: Mapping[str, Any]) -> None:
         response = await self._send(path, json.dumps(body).encode(), self._headers())
         try:
@@ -718,15 +872,21 @@ class OpenAIProxyEngine(Engine):
             raise upstream_error(self.upstream, response.status, raw=raw)
 
     async def load_adapter(self, lora: LoRARequest) -> None:
-        body = {"lora_name": lora.lora_name, "lora_path": lora.lora_path}
-        await self.swap_windows.timed(lora.lora_name, "load", self._post_admin("/v1/load_lora_adapter", body))
+        dialect = await self._dialect()
+        if dialect.load_path is None:
+            raise self._no_swaps(dialect)
+        body = {"lora_name": lora.lora_name, "lora_path": lora.lora_path}  # vLLM's and sglang's shape alike
+        await self.swap_windows.timed(lora.lora_name, "load", self._post_admin(dialect.load_path, body))
 
     async def unload_adapter(self, lora_name: str) -> None:
-        call = self._post_admin("/v1/unload_lora_adapter", {"lora_name": lora_name})
+        dialect = await self._dialect()
+        if dialect.unload_path is None:
+            raise self._no_swaps(dialect)
+        call = self._post_admin(dialect.unload_path, {"lora_name": lora_name})
         await self.swap_windows.timed(lora_name, "unload", call)
 
     def knobs(self) -> dict[str, Any]:
-        return {"upstream": self.upstream}
+        return {"upstream": self.upstream, "upstream_kind": self.kind or upstream_kinds.UNKNOWN}
 
     async def set_knobs(self, changes: Mapping[str, Any]) -> dict[str, Any]:
         raise EngineError(
