@@ -55,6 +55,7 @@ from exporters.serving.engine import (
 )
 from exporters.serving.engines.sim import roofline
 from exporters.serving.engines.sim.admission import check_request
+from exporters.serving.engines.sim.admission_window import window_close
 from exporters.serving.engines.sim.device_model import DeviceModel
 from exporters.serving.engines.sim.knob_plan import plan_change, scheduler_config, startup_state
 from exporters.serving.engines.sim.kv_sizing import cache_config_info
@@ -360,22 +361,10 @@ class SimEngine(Engine):
                 self._late_since_log = self._slips_since_log = 0
         return now
 
-    def _admission_close(self) -> float | None:
-        """``admission`` mode: when the window gathering the waiting requests closes (loop clock), or None when
-        they may join now (mode off, nothing waiting, or enough waiting to fill a batch)."""
-        k, s = self._state.knobs, self._sched
-        if k.batching_window_mode != "admission" or k.batching_window_us <= 0 or not s.num_waiting:
-            return None
-        if s.num_waiting >= k.max_num_seqs or s.waiting_tokens >= k.max_num_batched_tokens:
-            return None
-        oldest = s.earliest_arrival()
-        opened = max(self._last_admission, oldest if oldest is not None else -math.inf)
-        return opened + k.batching_window_us * 1e-6 / self.speed
-
     async def _step(self) -> None:
         speed = self.speed
         t0 = self._cursor
-        close = self._admission_close()
+        close = window_close(self._state.knobs, self._sched, self._last_admission, 1e-6 / speed)
         admit = close is None or close <= t0
         if not admit and not self._sched.running:
             # Nothing runs while the window gathers: wait for it to close (or the batch to fill).
