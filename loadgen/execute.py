@@ -16,7 +16,7 @@ from loadgen.profile import Profile
 from loadgen.prompts import PreparedRequest, PromptFactory
 from loadgen.record import SUCCESS, RequestRecord
 from loadgen.store import Store
-from loadgen.workload import Workload
+from loadgen.workload import Turn, Workload
 from loadlens.contracts.slo import PriorityClass
 
 RETRY_AFTER_CAP_S = 1.0
@@ -119,11 +119,17 @@ class RequestExecutor:
             self.prompts = PromptFactory(self.profile, seed=self.seed, process_index=index)
             self.workload = Workload(self.profile, self.prompts, seed=self.seed, process_index=index)
         workload = self.workload
-        # Closed loop: the user continues its own conversation; open loop: an arrival takes a ready one.
-        turn = workload.next(
-            owner=user if slot is None else None, now=now, default_model=self.model, stage=stage_name,
-            stats=self.recorder.store.workload,
-        )  # fmt: skip
+        if slot is not None and slot.row is not None:
+            # A trace row decides the request (no conversation to continue); its shared tokens are the blocks
+            # of hash ids an earlier row of this process began with.
+            request = self.prompts.next(self.model, row=slot.row)
+            turn = Turn(request, None, None, self.prompts.trace_text.shared(request.model, slot.row))
+        else:
+            # Closed loop: the user continues its own conversation; open loop: an arrival takes a ready one.
+            turn = workload.next(
+                owner=user if slot is None else None, now=now, default_model=self.model, stage=stage_name,
+                stats=self.recorder.store.workload,
+            )  # fmt: skip
         request = turn.request
         cls = self.classes[request.traffic.name]
         headers = {

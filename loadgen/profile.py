@@ -24,6 +24,8 @@ import yaml
 # ProfileError is raised by everything here; callers import it from this module.
 from loadgen.profile_fields import ProfileError as ProfileError
 from loadgen.profile_fields import boolean, check_keys, integer, mapping, number, opt_number
+from loadgen.tokenizer import Tokenizer, TokenizerError, load_tokenizer
+from loadgen.traces import FORMATS, MOONCAKE_BLOCK_TOKENS, TraceData, TraceError, TraceRow, detect_format, read_trace
 from loadlens.contracts.slo import PriorityClass, SLOConfig
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -143,7 +145,6 @@ class Traffic:
             return (base,)
         return tuple(dict.fromkeys(base if m is None else m for m, _ in self.adapters))
 
-
     @property
     def effective_priority(self) -> int:
         """The priority the server applies (vLLM's default is 0 when the field is absent)."""
@@ -165,8 +166,48 @@ class Traffic:
 
 
 @dataclass(frozen=True)
+class TraceReplay:
+    """A stage's trace (docs/loadgen.md, *Trace replay*): its rows arrive at their recorded offsets divided by
+    ``speedup`` and times the profile's time scale, each with the row's prompt and output lengths."""
+
+    data: TraceData
+    path: str
+    """As the profile wrote it (``data.path`` is resolved)."""
+    speedup: float = 1.0
+    time_scale: float = 1.0
+    """The profile's ``--time-scale``: replay instants stretch with every other duration."""
+    output_tokens: LengthDist | None = None
+    """None: each row's recorded output length; else ``max_tokens`` drawn from this distribution."""
+    block_size: int = MOONCAKE_BLOCK_TOKENS
+    start: float = 0.0
+    end: float | None = None
+    limit: int | None = None
+    model: str | None = None
+
+    @property
+    def rows(self) -> tuple[TraceRow, ...]:
+        return self.data.rows
+
+    def offset(self, row: TraceRow) -> float:
+        """Seconds after the stage's start that ``row`` is due."""
+        return row.at / self.speedup * self.time_scale
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the first replayed row to the last, as replayed."""
+        return self.data.span / self.speedup * self.time_scale
+
+    @property
+    def mean_rate(self) -> float | None:
+        """Requests per second the replay offers on average (None for a single row or a zero span)."""
+        span = self.span_s
+        return (len(self.rows) - 1) / span if span > 0 and len(self.rows) > 1 else None
+
+
+@dataclass(frozen=True)
 class Stage:
-    """One stage. Closed loop: ``users`` keep one request each in flight. Open loop: ``rate`` req/s arrive."""
+    """One stage. Closed loop: ``users`` keep one request each in flight. Open loop: ``rate`` req/s arrive,
+    or a ``trace``'s rows arrive at their recorded instants."""
 
     name: str
     warmup: bool = False
@@ -178,10 +219,11 @@ class Stage:
     duration: float | None = None
     until_requests: int | None = None
     max_duration: float = 600.0
+    trace: TraceReplay | None = None
 
     @property
     def open_loop(self) -> bool:
-        return self.rate is not None
+        return self.rate is not None or self.trace is not None
 
     @property
     def user_count(self) -> int:
@@ -189,6 +231,12 @@ class Stage:
         return self.max_concurrency if self.users is None else self.users
 
     def target(self) -> str:
+        if self.trace is not None:
+            t = self.trace
+            return (
+                f"trace {t.data.format} {len(t.rows)} rows over {t.span_s:.1f} s (x{t.speedup:g}, pool "
+                f"{self.max_concurrency})"
+            )
         if self.open_loop:
             return f"{self.rate:g} req/s {self.arrival} (pool {self.max_concurrency})"
         return f"{self.users} users"
@@ -208,6 +256,8 @@ class Profile:
     users_scale: float = 1.0
     time_scale: float = 1.0
     cache_block_size: int = DEFAULT_CACHE_BLOCK_SIZE
+    tokenizer: Tokenizer | None = field(default=None, compare=False)
+    """Counts prompts (``tokenizer`` in the profile); None: the word scheme, a word a token."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -219,7 +269,7 @@ class Profile:
     def scaled(self, *, users: float = 1.0, time: float = 1.0) -> Profile:
         """Users, open-loop rates and pools times ``users``; every duration times ``time``.
 
-        ``until_requests`` is a count and is not scaled.
+        ``until_requests`` is a count and is not scaled; a trace's instants scale with ``time``, not ``users``.
         """
         if not (users > 0 and math.isfinite(users)) or not (time > 0 and math.isfinite(time)):
             raise ProfileError("scale factors must be positive finite numbers")
@@ -234,6 +284,7 @@ class Profile:
                     spawn_rate=None if s.spawn_rate is None else s.spawn_rate * users,
                     duration=None if s.duration is None else s.duration * time,
                     max_duration=s.max_duration * time,
+                    trace=None if s.trace is None else replace(s.trace, time_scale=s.trace.time_scale * time),
                 )
             )
         return replace(
@@ -452,11 +503,95 @@ _STAGE_KEYS = {
     "until_requests",
     "max_duration",
     "spikes",
+    "trace",
 }
+_TRACE_KEYS = {"path", "format", "speedup", "start", "end", "limit", "block_size", "model", "output_tokens"}
 
 
-def _stage(section: dict[str, Any], where: str) -> Stage:
+def _trace(value: Any, where: str, base: Path | None) -> TraceReplay:
+    section = mapping(value, where)
+    check_keys(section, _TRACE_KEYS, where)
+    raw = section.get("path")
+    if not isinstance(raw, str) or not raw:
+        raise ProfileError(f"{where}.path: a trace file is required (Mooncake JSONL, BurstGPT or Azure CSV)")
+    path = Path(raw)
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if not path.is_file():
+        raise ProfileError(f"{where}.path: file not found: {path}")
+    fmt = section.get("format", "auto")
+    if fmt not in (*FORMATS, "auto"):
+        raise ProfileError(f"{where}.format: must be auto, {', '.join(FORMATS)}, got {fmt!r}")
+    start = section.get("start", 0)
+    if isinstance(start, bool) or not isinstance(start, int | float) or not math.isfinite(start) or start < 0:
+        raise ProfileError(f"{where}.start: must be a number of seconds >= 0, got {start!r}")
+    end = opt_number(section, "end", where)
+    if end is not None and end <= start:
+        raise ProfileError(f"{where}.end: must be after start ({start:g} s), got {end:g}")
+    limit = None if section.get("limit") is None else integer(section, "limit", where)
+    block_size = integer(section, "block_size", where, MOONCAKE_BLOCK_TOKENS)
+    model = section.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ProfileError(f"{where}.model: must be a BurstGPT model name (ChatGPT, GPT-4), got {model!r}")
+    raw_out = section.get("output_tokens", "trace")
+    output = None if raw_out == "trace" else _length(raw_out, f"{where}.output_tokens")
+    try:
+        resolved = detect_format(path) if fmt == "auto" else fmt
+        if model is not None and resolved != "burstgpt":
+            raise ProfileError(f"{where}.model: only BurstGPT traces name a model per row (this one is {resolved})")
+        if "block_size" in section and resolved != "mooncake":
+            raise ProfileError(f"{where}.block_size: only Mooncake traces have block hashes (this one is {resolved})")
+        data = read_trace(
+            path, resolved, start=float(start), end=end, limit=limit, block_tokens=block_size, model=model
+        )
+    except TraceError as err:
+        raise ProfileError(f"{where}.path: {err}") from None
+    return TraceReplay(
+        data=data,
+        path=raw,
+        speedup=number(section, "speedup", where, 1.0),
+        output_tokens=output,
+        block_size=block_size,
+        start=float(start),
+        end=end,
+        limit=limit,
+        model=model,
+    )
+
+
+def _trace_stage(section: dict[str, Any], where: str, base: Path | None) -> Stage:
+    """A stage whose arrivals and lengths come from a trace: open loop, ending once every row has finished."""
+    for key in ("users", "rate", "arrival", "until_requests"):
+        if key in section:
+            raise ProfileError(
+                f"{where}.{key}: not allowed with trace (the trace gives the arrivals; the stage ends when every "
+                "replayed row has finished, or at duration)"
+            )
+    trace = _trace(section["trace"], f"{where}.trace", base)
+    duration = opt_number(section, "duration", where)
+    max_duration = number(section, "max_duration", where, 600.0)
+    if duration is None and trace.span_s >= max_duration:
+        raise ProfileError(
+            f"{where}.max_duration: {max_duration:g} s is shorter than the replay ({trace.span_s:.1f} s of trace at "
+            f"speedup {trace.speedup:g}); raise it, or set duration to cut the replay"
+        )
+    return Stage(
+        name=_name(section, where),
+        warmup=boolean(section, "warmup", where, False),
+        arrival="constant",  # unused: the trace gives the instants
+        max_concurrency=integer(section, "max_concurrency", where, 256),
+        spawn_rate=opt_number(section, "spawn_rate", where),
+        duration=duration,
+        until_requests=len(trace.rows),
+        max_duration=max_duration,
+        trace=trace,
+    )
+
+
+def _stage(section: dict[str, Any], where: str, base: Path | None = None) -> Stage:
     check_keys(section, _STAGE_KEYS, where)
+    if section.get("trace") is not None:
+        return _trace_stage(section, where, base)
     name = _name(section, where)
     has_users, has_rate = section.get("users") is not None, section.get("rate") is not None
     if has_users == has_rate:
@@ -524,6 +659,7 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
             "request_timeout_s",
             "stop_timeout_s",
             "cache_block_size",
+            "tokenizer",
         },
         "profile",
     )
@@ -546,12 +682,15 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
         where = f"stages[{i}]"
         section = mapping(raw, where)
         expanded = _expand_spikes(section, where) if section.get("spikes") is not None else [section]
-        stages.extend(_stage(s, where) for s in expanded)
+        stages.extend(_stage(s, where, base) for s in expanded)
     stage_names = [s.name for s in stages]
     if len(set(stage_names)) != len(stage_names):
         raise ProfileError(f"stages: duplicate names {sorted({n for n in stage_names if stage_names.count(n) > 1})}")
     if all(s.warmup for s in stages):
         raise ProfileError("stages: every stage is a warmup stage; nothing would be measured")
+    if any(s.trace is not None for s in stages):
+        _check_trace_traffic(traffic)
+    tokenizer = _tokenizer(top.get("tokenizer"), base)
     seed = top.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ProfileError(f"seed: must be an integer >= 0, got {seed!r}")
@@ -567,7 +706,44 @@ def parse_profile(doc: Any, source: str = "<memory>", base: Path | None = None, 
         source=source,
         sha256=sha256,
         cache_block_size=integer(top, "cache_block_size", "profile", DEFAULT_CACHE_BLOCK_SIZE),
+        tokenizer=tokenizer,
     )
+
+
+def _check_trace_traffic(traffic: tuple[Traffic, ...]) -> None:
+    """A trace row decides the whole prompt: no entry may add a dataset prompt, images, a prefix or turns."""
+    for i, t in enumerate(traffic):
+        where = f"traffic[{i}]"
+        if t.prompt.source != "synthetic":
+            raise ProfileError(f"{where}.prompt.source: must be synthetic in a profile with a trace stage")
+        for key, present in (("images", t.images.count > 0), ("prefix", t.prefix is not None)):
+            if present:
+                raise ProfileError(f"{where}.{key}: not allowed in a profile with a trace stage (rows decide prompts)")
+        if t.conversation is not None:
+            raise ProfileError(f"{where}.conversation: not allowed in a profile with a trace stage")
+
+
+def _tokenizer(value: Any, base: Path | None) -> Tokenizer | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ProfileError(f"tokenizer: must be a path to tokenizer.json or a tokenizer directory, got {value!r}")
+    path = Path(value)
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if not path.exists():
+        raise ProfileError(f"tokenizer: not found: {path}")
+    from loadgen.prompts import WORDS  # prompts imports this module
+    from loadgen.synthesis import ExactText
+
+    try:
+        tokenizer = load_tokenizer(path)
+        ExactText(tokenizer, WORDS)  # refused before the run if too few prompt words are one token; warms it
+    except TokenizerError as err:
+        raise ProfileError(f"tokenizer: {err}") from None
+    for endpoint in ("chat", "completions"):
+        tokenizer.overhead(endpoint)  # measured now, not in the first request's time
+    return tokenizer
 
 
 def available_profiles() -> list[str]:

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.profile import Profile, Traffic
+from loadgen.synthesis import ExactText, TraceText
+from loadgen.traces import TraceRow
 
 WORDS: tuple[str, ...] = tuple(
     dict.fromkeys(
@@ -308,6 +310,9 @@ class PromptFactory:
         self._dataset_pos: dict[str, int] = {}
         self._group_wrr: dict[str, SmoothWeightedRoundRobin] = {}
         self._adapter_wrr: dict[str, SmoothWeightedRoundRobin] = {}
+        # With a tokenizer, synthetic and trace prompts are counted and fitted exactly (loadgen/synthesis.py).
+        self.exact = None if profile.tokenizer is None else ExactText(profile.tokenizer, WORDS)
+        self.trace_text = TraceText(self.exact or ExactText(None, WORDS), seed)
         for t in profile.traffic:
             if t.prefix is not None:
                 self._prefixes[t.name] = [
@@ -325,7 +330,8 @@ class PromptFactory:
                 # Processes start at different offsets so workers do not send the same conversations.
                 self._dataset_pos[t.name] = (process_index * 7919) % len(items)
 
-    def next(self, default_model: str) -> PreparedRequest:
+    def next(self, default_model: str, row: TraceRow | None = None) -> PreparedRequest:
+        """The next request; a trace ``row`` gives its prompt (``input_tokens`` as served) and ``max_tokens``."""
         k = self._k
         self._k += 1
         traffic = self.profile.traffic[self._wrr.next()]
@@ -334,15 +340,18 @@ class PromptFactory:
         adapters = self._adapter_wrr.get(traffic.name)
         if adapters is not None:
             model = traffic.adapters[adapters.next()][0] or model
-        if traffic.prompt.source == "sharegpt":
+        if row is not None:
+            text, reply_tokens = self.trace_text.text(row, traffic.endpoint), row.output_tokens
+        elif traffic.prompt.source == "sharegpt":
             items = self._datasets[traffic.name]
             pos = self._dataset_pos[traffic.name]
             self._dataset_pos[traffic.name] = pos + 1
             text, reply_tokens = items[pos % len(items)]
         else:
-            text = synthetic_text(rng, traffic.prompt.tokens.sample(rng.gauss))
+            n = traffic.prompt.tokens.sample(rng.gauss)
+            text = synthetic_text(rng, n) if self.exact is None else self.exact.content(rng, n)
             reply_tokens = 0
-        if traffic.output_from_dataset:
+        if traffic.output_from_dataset or row is not None:
             max_tokens = reply_tokens
         else:
             assert traffic.output_tokens is not None

@@ -182,7 +182,9 @@ class LocalRole(Role):
         if pause:
             gevent.sleep(pause)  # end on time rather than at the next 1 s tick
             now = time.time()
-        if stage.until_requests is not None:
+        # Not on the tick that began the run: its users are spawned only once the tick returns (a trace's first
+        # rows would go out most of a second late).
+        if stage.until_requests is not None and self.clock.elapsed(now) >= UNTIL_REQUESTS_POLL_S:
             # Poll for most of a tick so a request-count stage ends within ~20 ms of its last request.
             deadline = time.monotonic() + UNTIL_REQUESTS_POLL_FOR_S
             while self.finished_count(stage.name) < stage.until_requests and time.monotonic() < deadline:

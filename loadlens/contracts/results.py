@@ -180,6 +180,26 @@ class SliceFigures(Figures):
     workload: WorkloadFigures | None = None  # absent in older files
 
 
+class TraceSource(_Model):
+    """Where a trace stage's requests came from (docs/loadgen.md, *Trace replay*)."""
+
+    path: str  # as the profile names it
+    format: str  # mooncake | burstgpt | azure
+    sha256: str  # of the whole trace file
+    rows: int  # rows selected for the replay (start, end, limit, model; zero lengths skipped)
+    rows_skipped: int = 0  # rows inside the selection left out: a zero length or another BurstGPT model
+    rows_sent: Count = None  # requests the stage sent (every outcome): rows replayed before the stage ended
+    speedup: float = 1.0
+    time_scale: float = 1.0  # the run's --time-scale, which stretches the instants too
+    span_seconds: float | None = None  # first to last replayed row, as replayed (trace span / speedup x time_scale)
+    start: float = 0.0  # trace seconds after the file's first row where the selection begins
+    end: float | None = None
+    limit: Count = None
+    model: str | None = None  # BurstGPT rows of this model only
+    block_size: Count = None  # Mooncake tokens per hash id
+    output_tokens: str = "trace"  # trace: each row's recorded length; distribution: drawn from trace.output_tokens
+
+
 class SaturationTrend(_Model):
     """One series of the over-saturation test (docs/loadgen.md, *Over-saturation*)."""
 
@@ -225,6 +245,7 @@ class StageResult(SliceFigures):
     end_reason: str | None = None  # duration | until_requests | max_duration | stopped
     server: ServerFigures | None = None  # absent without --prometheus
     saturation: StageSaturation | None = None  # absent in older files
+    trace: TraceSource | None = None  # a trace stage's source; None for the others and in older files
 
 
 class Overall(SliceFigures):
@@ -293,6 +314,14 @@ class TrafficClass(_Model):
     conversation: TrafficConversation | None = None
 
 
+class TokenizerInfo(_Model):
+    """The tokenizer the prompts were counted with (the profile's ``tokenizer``)."""
+
+    path: str  # the file or directory the profile named
+    sha256: str  # of its tokenizer.json
+    chat_template: bool = False  # whether chat prompts were counted through its chat template
+
+
 class ProfileInfo(_Model):
     name: str
     description: str = ""
@@ -302,6 +331,7 @@ class ProfileInfo(_Model):
     time_scale: float | None = None
     traffic: list[TrafficClass] = Field(default_factory=list)
     cache_block_size: int | None = None
+    tokenizer: TokenizerInfo | None = None  # None: the word scheme (a word a token), or an older file
 
 
 class SLOClass(_Model):
