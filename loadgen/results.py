@@ -192,6 +192,11 @@ def traffic_workload(t: Traffic) -> dict[str, Any]:
     }
 
 
+def _sig3(x: float | None) -> float | None:
+    """A trace's mean offered rate to 3 significant digits (what the table's load column shows)."""
+    return None if x is None else float(f"{x:.3g}")
+
+
 def trace_source(stage: Stage, series: Series) -> dict[str, Any] | None:
     """A trace stage's ``trace``: the file (its sha256), the rows selected and sent, the time scaling."""
     t = stage.trace
@@ -240,8 +245,8 @@ def build_result(
             "warmup": w.spec.warmup,
             "kind": "open" if w.spec.open_loop else "closed",
             "target_users": w.spec.users,
-            "target_rate": w.spec.rate,
-            "arrival": w.spec.arrival if w.spec.open_loop else None,
+            "target_rate": w.spec.rate if w.spec.trace is None else _sig3(w.spec.trace.mean_rate),
+            "arrival": ("trace" if w.spec.trace is not None else w.spec.arrival) if w.spec.open_loop else None,
             "max_concurrency": w.spec.max_concurrency if w.spec.open_loop else None,
             "start_time": iso(w.start),
             "end_time": iso(w.end),
@@ -259,6 +264,7 @@ def build_result(
             "classes": {c: block(s, w.duration) for c, s in _sliced(store, names, 1).items()},
             "models": {m: block(s, w.duration) for m, s in _sliced(store, names, 2).items()},
             "workload": workload_block(store.workload, names, profile.cache_block_size),
+            "trace": trace_source(w.spec, store.merged(keys)),
         }
         if server is not None:
             entry["server"] = dict(server.get(w.spec.name, {}))
@@ -321,6 +327,13 @@ def build_result(
                 for t in profile.traffic
             ],
             "cache_block_size": profile.cache_block_size,
+            "tokenizer": None
+            if profile.tokenizer is None
+            else {
+                "path": str(profile.tokenizer.path),
+                "sha256": profile.tokenizer.sha256,
+                "chat_template": profile.tokenizer.has_chat_template,
+            },
         },
         "slo": {
             "source": slos.source,
