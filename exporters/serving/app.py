@@ -25,8 +25,10 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from exporters.serving.adapters import AdapterRegistry, resolve_adapter_path
+from exporters.serving.direct_body import SERVER_SEND
 from exporters.serving.engine import (
     Endpoint,
     Engine,
@@ -87,6 +89,16 @@ class _Route(APIRoute):
                 )
 
         return guarded
+
+
+class _ServingApp(FastAPI):
+    """Keeps the server's own ``send`` in each HTTP scope, before middleware wraps it: streamed chunks from
+    a socket-reading engine are written below the middleware (exporters/serving/direct_body.py says when)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +303,7 @@ def create_app(
             await engine.stop()
             state.tracing.shutdown()
 
-    app = FastAPI(title="loadlens serve", version=__version__, lifespan=lifespan)
+    app = _ServingApp(title="loadlens serve", version=__version__, lifespan=lifespan)
     app.state.serving = state
     app.router.route_class = _Route
     install_http_metrics(app, state.registry)  # vLLM's API-server http_* series, every engine

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -176,6 +176,14 @@ class RequestStream(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Abort the request in the engine if it has not finished; idempotent."""
+
+    def deliver_to(self, sink: Callable[[OutputEvent], bool]) -> bool:
+        """Offer events to ``sink`` as they are made, from the engine's own callbacks (a socket read), while
+        the consumer waits in ``__anext__`` with nothing queued: saves a task wake-up per event. An event
+        ``sink`` returns False for, or one made while the consumer is busy, is queued for ``__anext__``
+        instead, in order; errors and the end always come from ``__anext__``. Returns whether this stream
+        delivers so (the default: it does not, and ``sink`` is never called)."""
+        return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from exporters.serving.engine import EngineError, RequestStream
+from exporters.serving.direct_body import DirectBody
+from exporters.serving.engine import EngineError, OutputEvent, RequestStream
 from exporters.serving.errors import (
     INTERNAL,
     engine_error_reason,
@@ -44,9 +46,11 @@ class GenerationResponse(Response):
         self.background = None
         self._finished_producing = False
         self._client_gone = False
+        self._scope: Scope = {}
         self.status_code = 200
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._scope = scope
         producer = asyncio.current_task()
         assert producer is not None
 
@@ -94,6 +98,7 @@ class GenerationResponse(Response):
         p = self.parsed
         life = self.life
         writer = ChunkWriter(p.endpoint, self._response_id(), self.model, int(time.time()), p.continuous_usage_stats)
+        out = _Streamed(life, writer, sent_role=p.endpoint != "chat")
         await send(
             {
                 "type": "http.response.start",
@@ -105,36 +110,16 @@ class GenerationResponse(Response):
                 ],
             }
         )
-        sent_role = p.endpoint != "chat"
-        saw_wire = False
-        finish_reason: str | None = None
-        cached = 0
+        direct = DirectBody.of(self._scope)
+        if direct is not None:
+            # Engines that read from a socket hand events over from their read callback: recorded and
+            # written there, with no task wake-up (direct_body.py says why writing there is safe).
+            self.engine_stream.deliver_to(functools.partial(out.deliver, direct))
         try:
             async for ev in self.engine_stream:
-                now = time.monotonic()
-                life.on_event(now, ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
-                if ev.finish_reason is not None:
-                    finish_reason = ev.finish_reason.value
-                cached = ev.cached_tokens or cached
-                body = ev.wire_frames
+                body = out.take(ev)
                 if body is not None:
-                    saw_wire = True
-                elif ev.new_tokens == 0 and not ev.text and ev.finish_reason is None and ev.role is None:
-                    continue  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
-                elif ev.role is not None:
-                    continue  # the role chunk is sent with the first content below, as vLLM does
-                else:
-                    body = writer.content(
-                        ev.text,
-                        ev.prompt_tokens,
-                        ev.output_tokens,
-                        ev.finish_reason.value if ev.finish_reason is not None else None,
-                        ev.stop_reason,
-                    )
-                    if not sent_role:
-                        body = writer.role(ev.prompt_tokens) + body
-                        sent_role = True
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
         except EngineError as err:
             self._finished_producing = True
             status = engine_error_status(err)
@@ -144,10 +129,10 @@ class GenerationResponse(Response):
             await send({"type": "http.response.body", "body": DONE, "more_body": False})
             return
         tail = DONE
-        if p.include_usage and not saw_wire:
-            tail = writer.usage(life.prompt_tokens, life.output_tokens, cached) + DONE
+        if p.include_usage and not out.saw_wire:
+            tail = writer.usage(life.prompt_tokens, life.output_tokens, out.cached) + DONE
         self._finished_producing = True
-        life.finish_ok(finish_reason, self.engine_stream.timing, cached)
+        life.finish_ok(out.finish_reason, self.engine_stream.timing, out.cached)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _collect(self) -> tuple[str, str | None, str | None, int]:
@@ -218,6 +203,58 @@ class GenerationResponse(Response):
     def _response_id(self) -> str:
         prefix = "chatcmpl-" if self.parsed.endpoint == "chat" else "cmpl-"
         return prefix + self.life.request_id
+
+
+class _Streamed:
+    """What one streamed response has counted and sent. :meth:`take` is the work per output event: record
+    it, then the bytes to write; the streaming loop and the engine's direct delivery share it."""
+
+    __slots__ = ("cached", "finish_reason", "life", "saw_wire", "sent_role", "writer")
+
+    def __init__(self, life: RequestLifecycle, writer: ChunkWriter, *, sent_role: bool) -> None:
+        self.life = life
+        self.writer = writer
+        self.sent_role = sent_role
+        self.saw_wire = False
+        self.finish_reason: str | None = None
+        self.cached = 0
+
+    def take(self, ev: OutputEvent) -> bytes | None:
+        """Record one event; the body to send for it, None when it sends nothing."""
+        self.life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
+        if ev.finish_reason is not None:
+            self.finish_reason = ev.finish_reason.value
+        self.cached = ev.cached_tokens or self.cached
+        body = ev.wire_frames
+        if body is not None:
+            self.saw_wire = True
+            return body
+        if ev.new_tokens == 0 and not ev.text and ev.finish_reason is None and ev.role is None:
+            return None  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
+        if ev.role is not None:
+            return None  # the role chunk is sent with the first content below, as vLLM does
+        writer = self.writer
+        body = writer.content(
+            ev.text,
+            ev.prompt_tokens,
+            ev.output_tokens,
+            ev.finish_reason.value if ev.finish_reason is not None else None,
+            ev.stop_reason,
+        )
+        if not self.sent_role:
+            body = writer.role(ev.prompt_tokens) + body
+            self.sent_role = True
+        return body
+
+    def deliver(self, direct: DirectBody, ev: OutputEvent) -> bool:
+        """The sink for ``RequestStream.deliver_to``: take the event and write its body now, if uvicorn would
+        (else False: the event goes the ASGI way, from the loop)."""
+        if not direct.writable():
+            return False
+        body = self.take(ev)
+        if body is not None:
+            direct.write(body)
+        return True
 
 
 async def send_json(send: Send, payload: bytes, request_id: str) -> None:

@@ -51,6 +51,9 @@ class SwapWindows:
         self._lock = threading.Lock()
         self._ends: list[float] = []
         self._windows: list[SwapWindow] = []
+        self.in_flight = 0
+        """Calls :meth:`timed` is awaiting (event loop only): a read stamped while one is in flight may be
+        competing with its end for the same loop turn."""
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -82,12 +85,15 @@ class SwapWindows:
         """Await a forwarded swap call and record its window, also when the upstream refused it (it handled
         the call meanwhile); not when the upstream could not be reached (it did nothing)."""
         start = time.monotonic()
+        self.in_flight += 1
         try:
             result = await call
         except EngineError as err:
             if err.kind is not ErrorKind.UNAVAILABLE:
                 self.record(start, time.monotonic(), adapter, operation)
             raise
+        finally:
+            self.in_flight -= 1
         self.record(start, time.monotonic(), adapter, operation)  # no await between the stamp and the record
         return result
 

@@ -6,6 +6,10 @@ llama.cpp server, text-generation-inference, another loadlens).
   write). Token counts, finish reason and usage are read from the bytes; ``json.loads`` only for the few
   chunks that need it. The proxy always asks for the final usage chunk (exact token totals) and forwards it
   only to clients that asked for it.
+- Generation requests go over ``upstream_http`` (keep-alive connections on bare asyncio protocols): each read
+  is turned into its event inside the socket callback and handed to the HTTP layer there
+  (``RequestStream.deliver_to``), which writes it to the client without waking a task. Model lists, health and
+  adapter calls use aiohttp.
 - Non-streaming client requests are streamed from the upstream too, so the proxy measures time to first token
   for them as well; the HTTP layer assembles the JSON body.
 - The upstream's kind (``--upstream-kind``, detected with ``auto``; ``upstream_kinds.py``) decides which
@@ -23,8 +27,10 @@ import errno
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -42,7 +48,7 @@ from exporters.serving.engine import (
     RequestStream,
     RequestTiming,
 )
-from exporters.serving.engines import upstream_kinds
+from exporters.serving.engines import upstream_http, upstream_kinds
 from exporters.serving.swap_windows import SwapWindows, progress_marks
 from loadlens.util import sse
 
@@ -61,8 +67,10 @@ def _error_body(raw: bytes) -> Mapping[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-# What aiohttp raises when the upstream cannot be reached or stops answering (refused, DNS, timeouts).
-_UNREACHABLE = (aiohttp.ClientError, TimeoutError, OSError)
+# What aiohttp and the streaming client raise when the upstream cannot be reached or stops answering.
+_UNREACHABLE = (aiohttp.ClientError, upstream_http.UpstreamHTTPError, TimeoutError, OSError)
+_BACKLOG_BYTES = 2**16
+"""Upstream bytes a stream queues for a consumer that fell behind before it stops reading the upstream."""
 
 
 def upstream_error(
@@ -118,7 +126,7 @@ class _ProxyStream(RequestStream):
 
     def __init__(
         self,
-        response: aiohttp.ClientResponse,
+        response: upstream_http.Response,
         request: GenerationRequest,
         upstream: str,
         windows: SwapWindows | None = None,
@@ -131,7 +139,15 @@ class _ProxyStream(RequestStream):
         self._upstream = upstream
         self.timing = RequestTiming()
         self._response = response
-        self._content = response.content
+        # Events the consumer has not taken yet (read while it was busy), and the push path
+        # (deliver_to): the sink takes events straight from the upstream read while the consumer waits.
+        self._events: deque[OutputEvent] = deque()
+        self._backlog = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[OutputEvent], bool] | None = None
+        self._broken: tuple[str | None, BaseException] | None = None
+        self._eof = False
+        self._eof_error: BaseException | None = None
         self._endpoint = request.endpoint
         self._chat = request.endpoint == "chat"
         self._text_key = b'"content"' if self._chat else b'"text"'
@@ -159,30 +175,106 @@ class _ProxyStream(RequestStream):
         self._windows = windows if windows is not None else SwapWindows()
         self._marks = progress_marks(request.arrival_time)  # admission, then each read carrying tokens
 
+    def deliver_to(self, sink: Callable[[OutputEvent], bool]) -> bool:
+        self._sink = sink
+        return True
+
+    def on_data(self, data: bytes) -> None:
+        """One upstream read (the body bytes ``upstream_http`` decoded from it), called from the protocol's
+        ``data_received``: read into one event, handed to the sink when the consumer waits with nothing
+        queued, else queued for :meth:`__anext__`."""
+        if self._ended or self._closed or self._broken is not None:
+            return
+        try:
+            event = self._feed(data)
+        except EngineError as err:
+            self._break("bad_stream", err)
+            return
+        if event is not None:
+            sink = self._sink
+            waiter = self._waiter
+            if sink is not None and waiter is not None and not waiter.done() and not self._events:
+                try:
+                    taken = sink(event)
+                except Exception as exc:  # a bug past the engine: raised to the HTTP layer, which counts a 500
+                    self._break(None, exc)
+                    return
+                if taken:
+                    if self._ended:
+                        self._wake()
+                    return
+            self._events.append(event)
+            self._backlog += len(data)
+            if self._backlog > _BACKLOG_BYTES:
+                self._response.pause_reading()
+            self._wake()
+        elif self._ended:
+            self._wake()
+
+    def on_end(self, error: BaseException | None) -> None:
+        """The upstream body ended: None at its end, else what broke it."""
+        self._eof = True
+        self._eof_error = error
+        self._wake()
+
+    def _mark(self, now: float) -> None:
+        """A progress mark: a read carrying tokens (or the finish), stamped on arrival. While a forwarded swap
+        call is in flight it is stamped instead when a task woken by this read would run: after the loop's
+        callbacks already due, the call's own end among them, so a token that arrived with the call's answer
+        never counts as before it (swap_windows.py attributes by that order)."""
+        if self._windows.in_flight:
+            asyncio.get_running_loop().call_soon(self._stamp)
+        else:
+            self._marks.append(now)
+
+    def _stamp(self) -> None:
+        self._marks.append(time.monotonic())
+
+    def _break(self, reason: str | None, error: BaseException) -> None:
+        self._broken = (reason, error)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def __anext__(self) -> OutputEvent:
         while True:
+            if self._events:
+                event = self._events.popleft()
+                if not self._events and self._backlog:
+                    self._backlog = 0
+                    self._response.resume_reading()
+                return event
+            if self._broken is not None:
+                reason, error = self._broken
+                if reason is None:
+                    await self.aclose()
+                else:
+                    await self._fail(reason)
+                raise error
             if self._ended:
                 await self.aclose()
                 raise StopAsyncIteration
-            try:
-                data = await self._content.readany()
-            except (aiohttp.ClientError, TimeoutError) as err:
-                await self._fail("stream_broken")
-                raise upstream_error(self._upstream, f"upstream stream broke: {err}") from err
-            if not data:
-                if self._finished:  # finished, then closed without [DONE]: nothing is missing
+            if self._eof:
+                if self._finished:  # finished, then ended without [DONE]: nothing is missing
                     await self.aclose()
                     raise StopAsyncIteration
-                self.timing.finished = time.monotonic()
+                cause = self._eof_error
+                if cause is None:
+                    self.timing.finished = time.monotonic()
+                    await self._fail("stream_broken")
+                    raise upstream_error(self._upstream, "upstream closed the stream before finishing")
                 await self._fail("stream_broken")
-                raise upstream_error(self._upstream, "upstream closed the stream before finishing")
+                raise upstream_error(self._upstream, f"upstream stream broke: {cause}") from cause
+            if self._closed:
+                raise EngineError(ErrorKind.UNAVAILABLE, "the proxy closed the stream (shutdown or abort)")
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
-                event = self._feed(data)
-            except EngineError:
-                await self._fail("bad_stream")
-                raise
-            if event is not None:
-                return event
+                await waiter
+            finally:
+                self._waiter = None
 
     async def _fail(self, reason: str) -> None:
         if self._on_failure is not None:
@@ -204,7 +296,7 @@ class _ProxyStream(RequestStream):
                 tokens = self._output_tokens - before
                 if tokens:
                     now = time.monotonic()
-                    self._marks.append(now)
+                    self._mark(now)
                     if self.timing.first_token is None:
                         self.timing.first_token = now
                 return OutputEvent("", tokens, self._prompt_tokens, self._output_tokens, wire_frames=data)
@@ -267,7 +359,7 @@ class _ProxyStream(RequestStream):
             return None
         now = time.monotonic()
         if tokens or finish is not None:
-            self._marks.append(now)
+            self._mark(now)
             if tokens and self.timing.first_token is None:
                 self.timing.first_token = now
         if finish is not None:
@@ -426,6 +518,8 @@ class _ProxyStream(RequestStream):
         if self._closed:
             return
         self._closed = True
+        self._sink = None
+        self._wake()  # a consumer waiting on a stream closed under it (abort, shutdown) ends
         if self._table is not None:
             self._table.pop(self.request_id, None)
         self.timing.lora_blocked_seconds += self._windows.blocked(self._marks)  # before finish_ok reads it
@@ -495,15 +589,21 @@ def retry_reason(err: BaseException, reused: bool) -> str | None:
       race its keep-alive timer loses). A fresh connection closed the same way may have delivered the request
       to a server that then failed: not retried.
 
+    The streaming client (``upstream_http``, :meth:`OpenAIProxyEngine._open_stream`) types the same cases:
+    ``ConnectFailed`` (connect), ``ClosedBeforeAnswer`` on a reused connection without a byte of answer
+    (``partial`` false: stale_connection).
+
     Every exception :meth:`OpenAIProxyEngine._send` sees comes from ``session.post``, i.e. before the status
     line was parsed; nothing after response start is ever retried. (The one case this cannot tell apart: a
     server that read the request on a reused connection and then died without a byte of answer; it is
     retried, as browsers and HTTP client libraries retry it.)
     """
-    if isinstance(err, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+    if isinstance(err, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, upstream_http.ConnectFailed)):
         return "connect"
     if not reused:
         return None
+    if isinstance(err, upstream_http.ClosedBeforeAnswer):
+        return None if err.partial else "stale_connection"
     if isinstance(err, aiohttp.ServerDisconnectedError):
         return "stale_connection" if isinstance(err.message, str) else None  # else: a partial response
     if isinstance(err, aiohttp.ClientOSError) and (
@@ -515,12 +615,17 @@ def retry_reason(err: BaseException, reused: bool) -> str | None:
 
 
 def failure_reason(err: BaseException) -> str:
-    """The ``FAILURE_REASONS`` entry for an exception from ``session.post`` (no response yet)."""
-    if isinstance(err, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+    """The ``FAILURE_REASONS`` entry for an exception from ``session.post`` or the streaming pool (no response
+    yet)."""
+    if isinstance(err, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, upstream_http.ConnectFailed)):
         return "connect"
+    if isinstance(err, upstream_http.InvalidResponse):
+        return "invalid_response"
     if isinstance(err, TimeoutError):  # aiohttp's ServerTimeoutError (sock_read) is one
         return "timeout"
     if isinstance(err, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, OSError)):
+        return "connection_closed"
+    if isinstance(err, upstream_http.UpstreamHTTPError):  # closed before answering, or mid-body
         return "connection_closed"
     return "invalid_response"
 
@@ -604,6 +709,7 @@ class OpenAIProxyEngine(Engine):
     length source; ``auto`` detects it from the upstream's own answers (:meth:`_detect`)."""
 
     name = "openai"
+    _pool: upstream_http.ConnectionPool | None = None
 
     def __init__(
         self,
@@ -669,12 +775,27 @@ class OpenAIProxyEngine(Engine):
             auto_decompress=False,
             read_bufsize=2**16,
         )
+        # Generation requests, streamed: their own pool on bare protocols (upstream_http), cheap per chunk.
+        url = urlsplit(self.upstream)
+        https = url.scheme == "https"
+        self._pool = upstream_http.ConnectionPool(
+            url.hostname or "",
+            url.port or (443 if https else 80),
+            limit=self.max_connections,
+            connect_timeout_s=float(self._timeout.sock_connect or 0) or 5.0,
+            read_timeout_s=float(self._timeout.sock_read or 0) or 600.0,
+            keepalive_s=KEEPALIVE_S,
+            ssl=upstream_http.client_tls() if https else None,
+        )
         with contextlib.suppress(EngineError):
             self._cards = await self._fetch_models()
 
     async def stop(self) -> None:
         for stream in list(self._streams.values()):
             await stream.aclose()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
         for session in (self._session, self._fresh):
             if session is not None:
                 await session.close()
@@ -687,6 +808,35 @@ class OpenAIProxyEngine(Engine):
         if extra:
             headers.update({k: v for k, v in extra.items() if k.lower() not in _DROP_HEADERS})
         return headers
+
+    async def _open_stream(self, path: str, body: bytes, headers: Mapping[str, str]) -> upstream_http.Response:
+        """POST a generation request on the streaming pool and wait for the response head, with
+        :meth:`_send`'s retries: after a stale pooled connection, once, on a new connection; after a failed
+        connect, up to ``CONNECT_RETRIES`` times. Failures raise EngineError, counted by reason."""
+        pool = self._pool
+        if pool is None:
+            raise EngineError(ErrorKind.UNAVAILABLE, "proxy engine is not started")
+        url = urlsplit(self.upstream)
+        raw = upstream_http.request_bytes("POST", url.path.rstrip("/") + path, url.netloc, dict(headers), body)
+        connect_retries = 0
+        fresh = False
+        while True:
+            try:
+                return await pool.request(raw, fresh=fresh)
+            except upstream_http.UpstreamHTTPError as err:
+                retry = retry_reason(err, err.reused)
+                if retry == "connect" and connect_retries < CONNECT_RETRIES:
+                    connect_retries += 1
+                    self.metrics.retry(retry)
+                    await asyncio.sleep(0.05 * connect_retries)  # a listen backlog that overflowed drains
+                    continue
+                if retry == "stale_connection" and not fresh:
+                    self.metrics.retry(retry)
+                    fresh = True
+                    continue
+                reason = failure_reason(err)
+                self.metrics.failure(reason)
+                raise _send_failure(self.upstream, reason, err) from err
 
     def _require_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -730,7 +880,7 @@ class OpenAIProxyEngine(Engine):
         # vLLM without speculative decoding) and the final usage corrects the total.
         options["include_usage"] = True
         body["stream_options"] = options
-        response = await self._send(
+        response = await self._open_stream(
             _PATHS[request.endpoint], json.dumps(body).encode(), self._headers(request.trace_headers)
         )
         if response.status != 200:
@@ -753,6 +903,7 @@ class OpenAIProxyEngine(Engine):
         )
         self._streams[request.request_id] = stream
         stream.timing.queued = time.monotonic()
+        response.consume(stream.on_data, stream.on_end)
         return stream
 
     async def abort(self, request_id: str) -> None:

@@ -1,0 +1,193 @@
+"""Streamed chunks written below the ASGI stack (exporters/serving/direct_body.py): the same bytes uvicorn's
+own ``send`` writes, only when it would write at once, the same events for the client as the ASGI path, and
+no middleware that would miss them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from exporters.serving import direct_body, streaming
+from exporters.serving.app import ServeSettings, create_app
+from exporters.serving.direct_body import SERVER_SEND, DirectBody
+from exporters.serving.engine import OutputEvent
+from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.http_metrics import HttpMetricsMiddleware
+from exporters.serving.lifecycle import RequestLifecycle
+from exporters.serving.metrics import ServingMetrics
+from exporters.serving.request_log import RequestLogger
+from exporters.serving.responses import ChunkWriter
+from exporters.serving.tracing import Tracing
+from loadlens.contracts.slo import load_slos
+from tests.serving.fakes import ScriptedEngine
+from tests.support.server import serve_app
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def _cycle() -> tuple[RequestResponseCycle, _Transport, dict[str, Any]]:
+    transport = _Transport()
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "http_version": "1.1"}
+    cycle = RequestResponseCycle(
+        scope=scope,  # type: ignore[arg-type]
+        transport=transport,  # type: ignore[arg-type]
+        flow=FlowControl(transport),  # type: ignore[arg-type]
+        logger=logging.getLogger("test"),
+        access_logger=logging.getLogger("test"),
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=True,
+        on_response=lambda: None,
+    )
+    scope[SERVER_SEND] = cycle.send
+    return cycle, transport, scope
+
+
+BODIES = [b"data: {}\n\n", b"", b"data: " + b"x" * 5000 + b"\n\n", bytes(range(256))]
+
+
+def test_direct_writes_are_the_bytes_uvicorns_send_writes() -> None:
+    async def run() -> None:
+        cycle, transport, scope = _cycle()
+        assert DirectBody.of(scope) is None  # before the response head: never
+        await cycle.send({"type": "http.response.start", "status": 200, "headers": []})
+        direct = DirectBody.of(scope)
+        assert direct is not None and direct.writable()
+        transport.data = b""
+        for body in BODIES:
+            await cycle.send({"type": "http.response.body", "body": body, "more_body": True})
+        via_send = transport.data
+        transport.data = b""
+        for body in BODIES:
+            direct.write(body)
+        assert transport.data == via_send
+        assert via_send.startswith(b"a\r\ndata: {}\n\n\r\n1390\r\ndata: xx")
+
+        cycle.flow.pause_writing()  # a full socket buffer: uvicorn's send would wait
+        assert not direct.writable()
+        cycle.flow.resume_writing()
+        cycle.disconnected = True  # gone: uvicorn's send would drop the chunk
+        assert not direct.writable()
+        cycle.disconnected = False
+        await cycle.send({"type": "http.response.body", "body": b"", "more_body": False})
+        assert not direct.writable()  # complete
+
+    asyncio.run(run())
+
+
+def test_only_uvicorns_httptools_send_is_written_below() -> None:
+    async def other_send(message: Any) -> None:
+        return None
+
+    assert DirectBody.of({"type": "http", "method": "POST", SERVER_SEND: other_send}) is None
+    assert DirectBody.of({"type": "http", "method": "POST"}) is None
+
+
+def test_the_middleware_between_uvicorn_and_the_response_is_what_direct_body_py_checked() -> None:
+    """Body chunks written below the ASGI stack skip every middleware's ``send`` wrapper. Each one here looks
+    only at the response start and its last message; a new one must be checked the same way (and listed)."""
+    app = create_app(ScriptedEngine(), ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+    classes: list[object] = [m.cls for m in app.user_middleware]
+    assert classes == [HttpMetricsMiddleware]
+
+
+def _life() -> RequestLifecycle:
+    slos = load_slos()
+    life = RequestLifecycle.start(
+        metrics=ServingMetrics(CollectorRegistry(), slos, "openai", "test"), logger=RequestLogger("logfmt"),
+        tracer=None, parent=None, parent_ids=None, request_id="r", path="/v1/completions", endpoint="completions",
+        requested_model="m", model_label="m", priority=0, priority_class=slos.classes[0], stream=True,
+        arrival=time.monotonic(),
+    )  # fmt: skip
+    life.admit()
+    return life
+
+
+class _Direct:
+    def __init__(self, writable: bool) -> None:
+        self.can = writable
+        self.written: list[bytes] = []
+
+    def writable(self) -> bool:
+        return self.can
+
+    def write(self, body: bytes) -> None:
+        self.written.append(body)
+
+
+def test_the_sink_refuses_what_uvicorn_would_not_write_now_and_records_nothing_then() -> None:
+    life = _life()
+    out = streaming._Streamed(life, ChunkWriter("completions", "cmpl-r", "m", 0, False), sent_role=True)
+    event = OutputEvent("", 1, 3, 1, wire_frames=b"data: {}\n\n")
+    paused = _Direct(writable=False)
+    assert out.deliver(paused, event) is False  # type: ignore[arg-type]
+    assert (paused.written, life.output_tokens, out.saw_wire) == ([], 0, False)
+    ready = _Direct(writable=True)
+    assert out.deliver(ready, event) is True  # type: ignore[arg-type]
+    assert (ready.written, life.output_tokens, out.saw_wire) == ([b"data: {}\n\n"], 1, True)
+
+
+def _normalised(text: str) -> list[Any]:
+    events = [e[6:] for e in text.split("\n\n") if e.startswith("data: ")]
+    docs = [json.loads(e) if e.startswith("{") else e for e in events]
+    for doc in docs:
+        if isinstance(doc, dict):
+            doc.pop("created", None)
+            doc["id"] = re.sub("[0-9a-f]{32}", "ID", doc["id"])
+    return docs
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_the_client_gets_the_same_stream_with_and_without_direct_writes(
+    monkeypatch: pytest.MonkeyPatch, usage: bool
+) -> None:
+    written = []
+    write = DirectBody.write
+
+    def counting(self: DirectBody, body: bytes) -> None:
+        written.append(body)
+        write(self, body)
+
+    monkeypatch.setattr(DirectBody, "write", counting)
+    body: dict[str, Any] = {"model": "scripted", "prompt": "hi", "max_tokens": 4, "stream": True}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    upstream = create_app(ScriptedEngine(), ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+    with serve_app(upstream) as up_url:
+        app = create_app(OpenAIProxyEngine(up_url), ServeSettings(), registry=CollectorRegistry(),
+                         tracing=Tracing.disabled())  # fmt: skip
+        with serve_app(app) as url:
+            direct = httpx.post(url + "/v1/completions", json=body, timeout=30).text
+            # Every chunk went below the ASGI stack but the last message ([DONE]), which ends the response.
+            assert direct.encode() == b"".join(written) + b"data: [DONE]\n\n"
+            count = len(written)
+            monkeypatch.setattr(direct_body.DirectBody, "of", classmethod(lambda cls, scope: None))
+            through_asgi = httpx.post(url + "/v1/completions", json=body, timeout=30).text
+    assert len(written) == count
+    assert _normalised(direct) == _normalised(through_asgi)
+    texts = [d["choices"][0]["text"] for d in _normalised(direct) if isinstance(d, dict) and d["choices"]]
+    assert (texts, _normalised(direct)[-1]) == (["t1 ", "t2 ", "t3 ", "t4 "], "[DONE]")
