@@ -88,7 +88,7 @@ def test_a_dip_within_the_fits_scatter_is_told_from_a_real_one() -> None:
     assert noisy.dip < 2 * noisy.rmse == pytest.approx(1.404, abs=0.01)
 
     def u(w: float) -> float:
-        return 8.2 + 1240 * w**-0.67 + 0.0013 * w**1.82
+        return float(8.2 + 1240 * w**-0.67 + 0.0013 * w**1.82)
 
     xs = [10, 20, 40, 60, 80, 120, 200]
     clean = fit_u_curve(xs, [u(x) for x in xs])
