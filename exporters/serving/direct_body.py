@@ -1,10 +1,11 @@
-"""Streamed response chunks written straight to uvicorn's transport, from an engine's socket callback.
+"""Streamed response chunks written straight to uvicorn's transport, from the engine's own callback.
 
 A streamed generation normally sends each chunk as an ASGI ``http.response.body`` message: the producing
 task wakes, and the message passes five wrappers (ours, FastAPI's, Starlette's) before uvicorn frames it as
-an HTTP chunk and writes it. For an engine that reads its output from a socket (the proxy), that wake-up and
-that chain cost more than the chunk's own work. :class:`DirectBody` writes the chunk instead, from the
-engine's ``data_received``, exactly as uvicorn's ``send`` would.
+an HTTP chunk and writes it. That wake-up and that chain cost more than the chunk's own work, so engines that
+make their events in a callback of their own (the proxy in its socket's ``data_received``, the sim in its
+step loop) hand them over there (``RequestStream.deliver_to``), and :class:`DirectBody` writes the chunk,
+exactly as uvicorn's ``send`` would.
 
 Why that is safe, and when it is not used:
 

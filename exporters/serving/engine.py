@@ -178,8 +178,8 @@ class RequestStream(abc.ABC):
         """Abort the request in the engine if it has not finished; idempotent."""
 
     def deliver_to(self, sink: Callable[[OutputEvent], bool]) -> bool:
-        """Offer events to ``sink`` as they are made, from the engine's own callbacks (a socket read), while
-        the consumer waits in ``__anext__`` with nothing queued: saves a task wake-up per event. An event
+        """Offer events to ``sink`` as they are made, from the engine's own callback (a socket read, a step)
+        while the consumer waits in ``__anext__`` with nothing queued: saves a task wake-up per event. An event
         ``sink`` returns False for, or one made while the consumer is busy, is queued for ``__anext__``
         instead, in order; errors and the end always come from ``__anext__``. Returns whether this stream
         delivers so (the default: it does not, and ``sink`` is never called)."""

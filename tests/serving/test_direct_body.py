@@ -20,8 +20,9 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from exporters.serving import direct_body, streaming
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.direct_body import SERVER_SEND, DirectBody
-from exporters.serving.engine import OutputEvent
+from exporters.serving.engine import FinishReason, OutputEvent, RequestTiming
 from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.http_metrics import HttpMetricsMiddleware
 from exporters.serving.lifecycle import RequestLifecycle
 from exporters.serving.metrics import ServingMetrics
@@ -191,3 +192,42 @@ def test_the_client_gets_the_same_stream_with_and_without_direct_writes(
     assert _normalised(direct) == _normalised(through_asgi)
     texts = [d["choices"][0]["text"] for d in _normalised(direct) if isinstance(d, dict) and d["choices"]]
     assert (texts, _normalised(direct)[-1]) == (["t1 ", "t2 ", "t3 ", "t4 "], "[DONE]")
+
+
+def test_the_sims_stream_hands_events_to_the_sink_only_while_its_consumer_waits() -> None:
+    async def run() -> None:
+        closed: list[str] = []
+        stream = SimStream("r", RequestTiming(), closed.append)
+        taken: list[str] = []
+        broken = [False]
+
+        def sink(event: OutputEvent) -> bool:
+            if broken[0]:
+                raise RuntimeError("a bug in the sink")
+            taken.append(event.text)
+            return True
+
+        assert stream.deliver_to(sink)
+        stream.push(OutputEvent("a", 1, 3, 1))
+        stream.push(OutputEvent("b", 1, 3, 2))  # nobody waiting: merged into one pending event, as before
+        first = await stream.__anext__()
+        assert (first.text, first.new_tokens, first.output_tokens, taken) == ("ab", 2, 2, [])
+        consumer = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        stream.push(OutputEvent("c", 1, 3, 3))
+        assert (taken, consumer.done()) == (["c"], False)
+        stream.push(OutputEvent("d", 1, 3, 4, finish_reason=FinishReason.LENGTH))  # the end: the consumer wakes
+        with pytest.raises(StopAsyncIteration):
+            await consumer
+        assert (taken, closed) == (["c", "d"], [])
+
+        stream = SimStream("s", RequestTiming(), closed.append)
+        stream.deliver_to(sink)
+        consumer = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        broken[0] = True
+        stream.push(OutputEvent("e", 1, 3, 1))  # the sink's bug reaches the HTTP layer, not the step loop
+        with pytest.raises(RuntimeError, match="a bug in the sink"):
+            await consumer
+
+    asyncio.run(run())

@@ -97,6 +97,8 @@ class Response:
             data = b"".join(self._buffer)
             self._buffer.clear()
             on_data(data)
+        if not self._done:
+            self._conn.on_data = on_data  # from now on the connection calls it without this hop
         if self._ended:
             on_end(self._error)
 
@@ -134,6 +136,7 @@ class Response:
             return
         self._done = True
         self._on_data = self._on_end = None
+        self._conn.on_data = None
         self._conn.release()
 
     def close(self) -> None:
@@ -142,6 +145,7 @@ class Response:
             return
         self._done = True
         self._on_data = self._on_end = None
+        self._conn.on_data = None
         self._conn.close()
 
     # called by the connection
@@ -188,6 +192,8 @@ class _Connection(asyncio.Protocol):
         self._stall: asyncio.TimerHandle | None = None
         self._paused = False
         self._release_when_complete = False
+        self.on_data: OnData | None = None
+        """The consumer's ``on_data`` while it consumes the response in progress."""
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
@@ -209,9 +215,11 @@ class _Connection(asyncio.Protocol):
         if pieces:
             body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             pieces.clear()
-            response = self._response
-            if response is not None:
-                response._data(body)
+            on_data = self.on_data
+            if on_data is not None:
+                on_data(body)
+            elif self._response is not None:
+                self._response._data(body)
         if self._complete and self._response is not None:
             self._body_ended()
 
@@ -239,6 +247,7 @@ class _Connection(asyncio.Protocol):
                 why = f": {exc}" if exc is not None else ""
                 response._end(BrokenBody(f"upstream closed the connection mid-response{why}", reused=self._reused))
         self._response = None
+        self.on_data = None
         self._pool.lost(self)
 
     # --- httptools callbacks ----------------------------------------------------------------------------
@@ -290,6 +299,7 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._release_when_complete = False
         self._close_delimited = False
+        self.on_data = None
         head: asyncio.Future[Response] = self._loop.create_future()
         self._head = head
         self._last_read = self._loop.time()
@@ -324,6 +334,7 @@ class _Connection(asyncio.Protocol):
         if self._response is None:
             return  # recycled already, or lost
         self._response = None
+        self.on_data = None
         self._release_when_complete = False
         if self._keep_alive and self.usable():
             self._pool.give_back(self)

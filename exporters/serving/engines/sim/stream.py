@@ -10,7 +10,8 @@ from exporters.serving.engine import OutputEvent, RequestStream, RequestTiming
 
 class SimStream(RequestStream):
     """Events for one request. If the consumer lags, pending events merge into one (as vLLM's output
-    collector does), so a slow client never makes the engine queue per-token objects."""
+    collector does), so a slow client never makes the engine queue per-token objects. While the consumer waits
+    with nothing pending, an event goes to its sink (``deliver_to``) from the step loop itself."""
 
     def __init__(self, request_id: str, timing: RequestTiming, on_close: Callable[[str], None]) -> None:
         self.request_id = request_id
@@ -21,8 +22,28 @@ class SimStream(RequestStream):
         self._ended = False
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[OutputEvent], bool] | None = None
+        self._error: Exception | None = None
+
+    def deliver_to(self, sink: Callable[[OutputEvent], bool]) -> bool:
+        self._sink = sink
+        return True
 
     def push(self, event: OutputEvent) -> None:
+        sink = self._sink
+        waiter = self._waiter
+        if sink is not None and self._pending is None and waiter is not None and not waiter.done():
+            try:
+                taken = sink(event)
+            except Exception as exc:  # the HTTP layer's bug: raised to it from __anext__, never into the step loop
+                self._error = exc
+                waiter.set_result(None)
+                return
+            if taken:
+                if event.finish_reason is not None:
+                    self._ended = True
+                    waiter.set_result(None)
+                return
         pending = self._pending
         if pending is None:
             self._pending = event
@@ -40,6 +61,9 @@ class SimStream(RequestStream):
 
     async def __anext__(self) -> OutputEvent:
         while True:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
             event = self._pending
             if event is not None:
                 self._pending = None
@@ -59,3 +83,4 @@ class SimStream(RequestStream):
             self._on_close(self.request_id)
         self._ended = self._closed = True
         self._pending = None
+        self._sink = None
