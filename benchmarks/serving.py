@@ -8,7 +8,8 @@ so comparisons run side by side in one invocation, alternating A and B, and repo
    ``--engine sim`` for D seconds; reports delivered output tokens/s, client ITL p50/p99, and the sim's own
    timing error (wake-up lateness against its schedule, from ``loadlens_sim_timing_error_seconds``).
 2. proxy: the same load directly against a sim server and through ``--engine openai`` in front of it (and,
-   with ``--proxy-baseline DIR``, through another source tree's proxy), from the reference client in
+   with ``--proxy-baseline DIR``, through another source tree's proxy; with ``--proxy-floor``, through a
+   zero-work TCP relay, benchmarks/tcp_relay.py: the floor of any proxy's CPU), from the reference client in
    benchmarks/stream_client.py; alternating rounds of 15 s (``--quick``: 2 rounds of 3 s) at 16 and 64
    streams; reports TTFT/ITL p50/p99, tokens/s, the differences to direct and the throughput ratio, and CPU
    per forwarded chunk of the sim, the proxy (/proc/<pid>/stat) and the client itself.
@@ -206,14 +207,21 @@ class ProxyRun:
 
 
 def bench_proxy(
-    streams_list: list[int], seconds: float, rounds: int, model: str, gpu: str, baseline_src: str | None = None
+    streams_list: list[int],
+    seconds: float,
+    rounds: int,
+    model: str,
+    gpu: str,
+    baseline_src: str | None = None,
+    floor: bool = False,
 ) -> dict[str, object]:
     """Direct against a sim server vs through ``--engine openai`` in front of the same sim, side by side:
     rounds alternate the order (direct first, then proxy first); figures are medians of the rounds. The
     reference client (benchmarks/stream_client.py) reports its own CPU time so it is seen not to be the
     bottleneck; server CPU comes from /proc/<pid>/stat, per chunk = CPU seconds / chunks forwarded.
     ``baseline_src``: a second proxy run from another source tree (``git archive <commit> | tar -x -C DIR``)
-    in front of the same sim, as a third path ``before``."""
+    in front of the same sim, as a third path ``before``. ``floor``: also a path ``relay`` through
+    benchmarks/tcp_relay.py, which forwards bytes and nothing else: the floor of any proxy's CPU per chunk."""
     print(
         f"\n## Proxy overhead: direct vs through --engine openai (model {model}, gpu {gpu}, real time, {seconds:g} s"
         f" runs; medians of {rounds} alternating rounds)"
@@ -232,6 +240,15 @@ def bench_proxy(
             before = _server_process("--engine", "openai", "--upstream", sim_url, src=baseline_src)
             before_url, before_pid = servers.enter_context(before)
             paths["before"] = (before_url, before_pid)
+        if floor:
+            port = free_port()
+            relay_cmd = [sys.executable, "-m", "benchmarks.tcp_relay", str(port), sim_url.rsplit(":", 1)[1]]
+            relay = subprocess.Popen(relay_cmd)
+            servers.callback(relay.wait)
+            servers.callback(relay.terminate)
+            while not http_ok(f"http://127.0.0.1:{port}/health"):
+                time.sleep(0.05)
+            paths["relay"] = (f"http://127.0.0.1:{port}", relay.pid)
         for streams in streams_list:
             runs: dict[str, list[ProxyRun]] = {name: [] for name in paths}
             for i in range(rounds):
@@ -340,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         "--proxy-baseline", metavar="DIR", default=None,
         help="proxy benchmark: also run the proxy of this source tree (e.g. git archive <commit> | tar -x -C DIR)",
     )  # fmt: skip
+    parser.add_argument(
+        "--proxy-floor", action="store_true",
+        help="proxy benchmark: also a zero-work TCP relay in front of the sim (benchmarks/tcp_relay.py)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else 10.0
     proxy_seconds, proxy_rounds = (3.0, 2) if args.quick else (15.0, 3)
@@ -350,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.only in (None, "proxy"):
         bench_proxy(
-            [16, 64], proxy_seconds, proxy_rounds, "deepseek-r1-distill-llama-8b", "h100-sxm", args.proxy_baseline
-        )
+            [16, 64], proxy_seconds, proxy_rounds, "deepseek-r1-distill-llama-8b", "h100-sxm", args.proxy_baseline,
+            args.proxy_floor,
+        )  # fmt: skip
     if args.only in (None, "instrumentation"):
         bench_instrumentation(20_000 if args.quick else 200_000)
     return 0
