@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test processes for the parallel phase of make test (tests marked serial then run alone: tests/conftest.py).
+PYTEST_WORKERS ?= 2
 # The training extra's torch is pinned to the CPU build (constraints-cpu.txt): CI never fetches CUDA wheels.
 # Where no local CPU wheel is on pip's path, point pip at one: TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
@@ -59,7 +61,9 @@ test: venv system-deps k8s-tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest --durations=25 $(PYTEST_ARGS)
+	@# Exit 5 is pytest's "no test selected": a PYTEST_ARGS filter may leave one phase empty.
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m 'not serial' --durations=25 $(PYTEST_ARGS) || test $$? -eq 5
+	$(VENV)/bin/pytest -m serial --durations=10 $(PYTEST_ARGS) || test $$? -eq 5
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,29 @@ import pytest
 
 from tests.support.live import LiveRun, live_sim_run
 
+SERIAL: dict[str, str] = {
+    "tests/loadgen/test_e2e.py": "client TTFT and ITL within 10 ms and 1 ms of a scripted server's delays",
+    "tests/loadgen/test_sim_e2e.py::test_client_timings_agree_with_the_simulator": "client and sim TTFT within 8 ms",
+    "tests/serving/test_sim_lag.py": "client, gen_ai and vllm TTFT within 2 % while the sim lags",
+    "tests/training/test_train_demo_e2e.py": "a page within 60 s of the learning-rate spike",
+    "tests/experiment/test_sim_experiments.py::test_batching_window_on_the_sim": "a U-curve fitted to measured E2E",
+    "tests/experiment/test_sim_experiments.py::test_token_budget_on_the_sim": "mean running sequences per grid point",
+    "tests/loadgen/test_saturation_sim.py": "a stage below capacity must be judged stable",
+}
+"""Tests whose assertions are about wall-clock time, and what they time. `make test` runs the rest on two
+xdist workers, then these alone (``-m serial``), so a neighbour's CPU never moves their figures.
+tests/test_serial_list.py checks every entry still names a test."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    serial = pytest.mark.serial
+    for item in items:
+        if any(item.nodeid == key or item.nodeid.startswith(key + "::") for key in SERIAL):
+            item.add_marker(serial)
+        if "live_run" in getattr(item, "fixturenames", ()):
+            # One live run per session: on xdist, every test that reads it goes to the same worker.
+            item.add_marker(pytest.mark.xdist_group("live_run"))
+
 
 @pytest.fixture(scope="session")
 def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
