@@ -4,6 +4,8 @@ the hot-swap SLA's counts, the prefix cache's hit rate.
 Each figure has an ordered list of PromQL candidates; the first that returns a number wins, and the query
 used is recorded next to the figure, so a renamed series shows up as a null with a reason, never as a
 wrong number. ``{range}`` is the stage's duration (whole seconds, at least 1 s), evaluated at the stage's end.
+Engine figures read vLLM's series, then sglang's counterpart (:func:`_engine`); the prefix cache's have
+none in the mapping, so they stay vLLM's.
 Prometheus only knows what it has scraped: the last seconds of the last stage may be missing.
 
 Usage::
@@ -15,11 +17,41 @@ Usage::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from loadlens.contracts.engine_series import BY_VLLM
 from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
 
 GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class _Series:
+    name: str
+    matchers: str
+
+    def __call__(self, suffix: str = "") -> str:
+        """The selector of the series (``suffix``: ``_sum``, ``_count``, ``_bucket`` of a histogram)."""
+        return f"{self.name}{suffix}{{{self.matchers}}}" if self.matchers else f"{self.name}{suffix}"
+
+
+def _engine(vllm: str, form: Callable[[_Series], str]) -> tuple[str, ...]:
+    """One engine figure's candidates: ``form`` over vLLM's series, then over its sglang counterpart from
+    loadlens/contracts/engine_series.py (the one mapping), so an sglang server's figure answers too.
+
+    ``form`` gets the series ``s``; ``s(suffix)`` is its selector: the name with ``_sum``, ``_count`` or
+    ``_bucket`` for a histogram, and the matchers that select the fact. Separate candidates, not a union: the dialects'
+    histogram buckets differ, and the query that answered names the dialect. Constant labels of the mapping
+    are left out: every figure aggregates them away.
+    """
+    entry = BY_VLLM[vllm]
+    out = [form(_Series(vllm, entry.vllm_matchers))]
+    if entry.sglang is not None:
+        out.append(form(_Series(entry.sglang.name, entry.sglang.matchers)))
+    return tuple(out)
+
 
 QUERIES: dict[str, tuple[str, ...]] = {
     "peak_vram_gib": (
@@ -45,19 +77,26 @@ QUERIES: dict[str, tuple[str, ...]] = {
     "server_mean_ttft_ms": (
         "1000 * sum(increase(gen_ai_server_time_to_first_token_seconds_sum[{range}]))"
         " / sum(increase(gen_ai_server_time_to_first_token_seconds_count[{range}]))",
-        "1000 * sum(increase(vllm:time_to_first_token_seconds_sum[{range}]))"
-        " / sum(increase(vllm:time_to_first_token_seconds_count[{range}]))",
+        *_engine(
+            "vllm:time_to_first_token_seconds",
+            lambda s: f"1000 * sum(increase({s('_sum')}[{{range}}])) / sum(increase({s('_count')}[{{range}}]))",
+        ),
     ),
     "server_p99_ttft_ms": (
         "1000 * histogram_quantile(0.99, sum by (le) "
         "(increase(gen_ai_server_time_to_first_token_seconds_bucket[{range}])))",
-        "1000 * histogram_quantile(0.99, sum by (le) (increase(vllm:time_to_first_token_seconds_bucket[{range}])))",
+        *_engine(
+            "vllm:time_to_first_token_seconds",
+            lambda s: f"1000 * histogram_quantile(0.99, sum by (le) (increase({s('_bucket')}[{{range}}])))",
+        ),
     ),
     "server_output_throughput": (
         "sum(increase(loadlens_output_tokens_total[{range}])) / {seconds}",
-        "sum(increase(vllm:generation_tokens_total[{range}])) / {seconds}",
+        *_engine("vllm:generation_tokens_total", lambda s: f"sum(increase({s()}[{{range}}])) / {{seconds}}"),
     ),
-    "server_peak_waiting_requests": ("max(max_over_time(vllm:num_requests_waiting[{range}]))",),
+    "server_peak_waiting_requests": _engine(
+        "vllm:num_requests_waiting", lambda s: f"max(max_over_time({s()}[{{range}}]))"
+    ),
     # The hot-swap SLA's counts (the verdict's lora_swap check): requests blocked behind adapter swaps, those
     # blocked longer than lora_swap.delay_seconds, and the requests the SLA divides by.
     "lora_swap_blocked_requests": ("sum(increase(loadlens_lora_swap_blocking_seconds_count[{range}]))",),

@@ -41,13 +41,17 @@ class Stat(_Model):
 
 
 class ServerSample(_Model):
-    """What the runner read from the server's ``/metrics`` over a run's measured (non-warmup) stages."""
+    """What the runner read from the server's ``/metrics`` over a run's measured (non-warmup) stages
+    (vLLM's series or sglang's counterparts: loadlens/experiment/sampler.py)."""
 
     samples: int = 0
     mean_running: float | None = None
     peak_running: float | None = None
     mean_waiting: float | None = None
     peak_waiting: float | None = None
+    mean_kv_cache_usage: float | None = None
+    """Share of the KV cache in use (0-1): the fullest engine's, averaged over the samples."""
+    peak_kv_cache_usage: float | None = None
     preemptions: float | None = None
     errors: list[str] = Field(default_factory=list)
 

@@ -48,6 +48,11 @@ from loadlens.experiment.sampler import ServerSampler
 from loadlens.experiment.servers import ServerControl, ServerError
 
 RESULT_FILE = "benchmark_result.json"
+# The /metrics sampler's figures a trial aggregates as sampled.KEY.
+SAMPLED_FIGURES = (
+    "mean_running", "peak_running", "mean_waiting", "peak_waiting", "mean_kv_cache_usage", "peak_kv_cache_usage",
+    "preemptions",
+)  # fmt: skip
 
 
 @dataclass
@@ -167,7 +172,7 @@ def aggregate(runs: list[TrialRun]) -> dict[str, Stat]:
     merged: list[dict[str, float | None]] = []
     for r in good:
         figs = dict(r.figures)
-        for key in ("mean_running", "peak_running", "mean_waiting", "peak_waiting", "preemptions"):
+        for key in SAMPLED_FIGURES:
             figs[f"sampled.{key}"] = getattr(r.server, key)
         merged.append(figs)
     keys = sorted({k for f in merged for k in f})

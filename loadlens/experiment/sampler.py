@@ -1,6 +1,13 @@
-"""Reads the server's own gauges while a trial runs, so the sim (or a vLLM) gives its effective concurrency
-without a Prometheus: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
-``vllm:num_preemptions_total`` from ``GET /metrics``, summed over label sets, every ``interval`` seconds.
+"""Reads the server's own gauges while a trial runs, so the sim, a vLLM or an sglang server gives its
+effective concurrency without a Prometheus: running and waiting requests, KV cache usage and preemptions
+from ``GET /metrics`` every ``interval`` seconds.
+
+The series are vLLM's (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``; the sim's are the same) and each one's sglang
+counterpart from loadlens/contracts/engine_series.py, the one mapping (``sglang:num_running_reqs``,
+``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:num_retracted_requests_total``). Counts are
+summed over label sets (engines, DP ranks, models), KV usage is the fullest label set's, as on the serving
+dashboard.
 
 Usage::
 
@@ -14,34 +21,80 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from types import TracebackType
 
+from loadlens.contracts.engine_series import BY_VLLM
 from loadlens.contracts.experiment_result import ServerSample
 
-SERIES = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:num_preemptions_total": "preemptions",
+# sample key -> (vLLM series, how label sets combine)
+SAMPLED: dict[str, tuple[str, Callable[[float, float], float]]] = {
+    "running": ("vllm:num_requests_running", lambda a, b: a + b),
+    "waiting": ("vllm:num_requests_waiting", lambda a, b: a + b),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", max),
+    "preemptions": ("vllm:num_preemptions_total", lambda a, b: a + b),
 }
 
 
+def _series_names() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, (vllm, _) in SAMPLED.items():
+        entry = BY_VLLM[vllm]
+        out[vllm] = key
+        if entry.sglang is not None:
+            # An exposition line carries no query: a counterpart that needs label matchers or added labels
+            # could not be read by its name alone.
+            assert not entry.sglang.matchers and not entry.sglang.labels, vllm
+            out[entry.sglang.name] = key
+    return out
+
+
+SERIES = _series_names()
+"""Exposed series name -> sample key, every dialect."""
+
+
+def _split(line: str) -> tuple[str, str] | None:
+    """A sample line's name and value text (labels skipped, quoted values with ``}`` or spaces too; an
+    OpenMetrics timestamp after the value ignored)."""
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace < 0 or 0 <= space < brace:
+        if space < 0:
+            return None
+        name, rest = line[:space], line[space:]
+    else:
+        name, i, quoted = line[:brace], brace + 1, False
+        while i < len(line):
+            c = line[i]
+            if quoted and c == "\\":
+                i += 1
+            elif c == '"':
+                quoted = not quoted
+            elif c == "}" and not quoted:
+                break
+            i += 1
+        rest = line[i + 1 :]
+    fields = rest.split()
+    return (name, fields[0]) if fields else None
+
+
 def parse_exposition(text: str) -> dict[str, float]:
-    """The sum per series of :data:`SERIES` in a Prometheus text exposition (absent series are absent)."""
+    """Each sample key's value in a Prometheus or OpenMetrics text exposition (absent series are absent)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
-        brace = line.find("{")
-        space = line.find(" ")
-        name = line[: brace if 0 <= brace < space or (brace >= 0 and space < 0) else space]
-        key = SERIES.get(name)
+        sample = _split(line)
+        if sample is None:
+            continue
+        key = SERIES.get(sample[0])
         if key is None:
             continue
         try:
-            value = float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
+            value = float(sample[1])
+        except ValueError:
             continue
-        out[key] = out.get(key, 0.0) + value
+        out[key] = SAMPLED[key][1](out[key], value) if key in out else value
     return out
 
 
@@ -74,18 +127,34 @@ class ServerSampler:
             self._stop.wait(self.interval)
 
     def summary(self, windows: list[tuple[float, float]]) -> ServerSample:
-        """Mean and peak running/waiting over the samples inside ``windows`` (the measured stages), and the
-        preemptions counted between the first and the last of them."""
+        """Mean and peak running/waiting/KV usage over the samples inside ``windows`` (the measured stages),
+        and the preemptions counted between the first and the last of them."""
         inside = [s for ts, s in self.samples if any(lo <= ts <= hi for lo, hi in windows)]
-        running = [s["running"] for s in inside if "running" in s]
-        waiting = [s["waiting"] for s in inside if "waiting" in s]
-        pre = [s["preemptions"] for s in inside if "preemptions" in s]
+
+        def values(key: str) -> list[float]:
+            return [s[key] for s in inside if key in s]
+
+        running, waiting, kv = values("running"), values("waiting"), values("kv_cache_usage")
         return ServerSample(
             samples=len(inside),
             mean_running=sum(running) / len(running) if running else None,
             peak_running=max(running) if running else None,
             mean_waiting=sum(waiting) / len(waiting) if waiting else None,
             peak_waiting=max(waiting) if waiting else None,
-            preemptions=pre[-1] - pre[0] if len(pre) >= 2 else None,
+            mean_kv_cache_usage=sum(kv) / len(kv) if kv else None,
+            peak_kv_cache_usage=max(kv) if kv else None,
+            preemptions=_increase(inside),
             errors=list(self.errors),
         )
+
+
+def _increase(inside: list[dict[str, float]]) -> float | None:
+    """The preemption counter's increase over the samples. sglang creates a counter at its first use (vLLM
+    at 0 at start-up): a sample that lacks it while a later one has it read 0. Never seen: None."""
+    seen = [i for i, s in enumerate(inside) if "preemptions" in s]
+    if not seen:
+        return None
+    first = inside[seen[0]]["preemptions"] if seen[0] == 0 else 0.0
+    if seen[0] == 0 and len(seen) < 2:
+        return None
+    return inside[seen[-1]]["preemptions"] - first

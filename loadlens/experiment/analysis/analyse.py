@@ -33,6 +33,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "sampled.mean_running": ("mean running", "requests"),
     "sampled.peak_running": ("peak running", "requests"),
     "sampled.mean_waiting": ("mean waiting", "requests"),
+    "sampled.mean_kv_cache_usage": ("mean KV cache usage", ""),
+    "sampled.peak_kv_cache_usage": ("peak KV cache usage", ""),
     "jain_fairness_index": ("Jain index", ""),
     "error_ratio": ("error ratio", ""),
 }
