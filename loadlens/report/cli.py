@@ -102,7 +102,8 @@ def out_dir(out: Path | None, results: Results | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     from loadlens.contracts.results import ResultsError
     from loadlens.contracts.slo import SLOConfigError, load_slos
-    from loadlens.dashboards.catalog import LOAD_TEST_DASHBOARDS, dashboards
+    from loadlens.dashboards.catalog import dashboards
+    from loadlens.report.engines import engine_dialects, report_boards
     from loadlens.report.queries import parse_duration
     from loadlens.report.results import load_results
     from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(args.out, results)
     try:
         slos = load_slos(args.slo_file)
-        boards = {stem: b for stem, b in dashboards(args.slo_file).items() if stem in LOAD_TEST_DASHBOARDS}
+        every_board = dashboards(args.slo_file)
     except SLOConfigError as err:
         raise UsageError(str(err)) from None
     client = PrometheusClient(args.prometheus)
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"loadlens report: error: {err}", file=sys.stderr)
         return 1
     try:
+        boards = report_boards(every_board, engine_dialects(client, start, end))
         path = build_report(client, boards, slos, start, end, results, out, rate_interval)
     except PrometheusUnreachable as err:
         print(f"loadlens report: error: {err}", file=sys.stderr)
@@ -258,7 +260,8 @@ def experiment_report(args: argparse.Namespace, file: Path) -> int:
     is optional here: unreachable, the page says so and is written without charts."""
     from loadlens.contracts.experiment_result import ExperimentResultError
     from loadlens.contracts.slo import SLOConfigError, load_slos
-    from loadlens.dashboards.catalog import LOAD_TEST_DASHBOARDS, dashboards
+    from loadlens.dashboards.catalog import dashboards
+    from loadlens.report.engines import engine_dialects, report_boards
     from loadlens.report.experiment import load_experiment, render_experiment_page, run_bands, window
     from loadlens.report.queries import collect, collect_alerts, parse_duration
     from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
@@ -280,7 +283,7 @@ def experiment_report(args: argparse.Namespace, file: Path) -> int:
         raise UsageError(f"--out: {out} exists and is not a directory")
     try:
         slos = load_slos(args.slo_file)
-        boards = {stem: b for stem, b in dashboards(args.slo_file).items() if stem in LOAD_TEST_DASHBOARDS}
+        every_board = dashboards(args.slo_file)
     except SLOConfigError as err:
         raise UsageError(str(err)) from None
     start, end = span if span is not None else (None, None)
@@ -293,6 +296,7 @@ def experiment_report(args: argparse.Namespace, file: Path) -> int:
         client = PrometheusClient(args.prometheus)
         try:
             client.check()
+            boards = report_boards(every_board, engine_dialects(client, start, end))
             panels, _ = collect(client, boards, start, end, rate_interval)
             alert_error: str | None = None
             try:
