@@ -448,3 +448,24 @@ def test_the_stream_hands_events_to_the_sink_only_while_its_consumer_waits() -> 
         assert (stream._output_tokens, response.released, response.closed) == (5, False, True)  # no finish seen
 
     asyncio.run(run())
+
+
+def test_a_bug_in_reading_a_chunk_reaches_the_consumer_not_the_socket_callback() -> None:
+    async def run() -> None:
+        request = GenerationRequest(
+            request_id="r", endpoint="completions", model="m", prompt="p", image_count=0,
+            sampling=SamplingParams(max_tokens=8), arrival_time=0.0, body={}, stream_requested=True,
+        )  # fmt: skip
+        response = _FakeResponse()
+        stream = _ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
+
+        def bug(data: bytes) -> None:
+            raise RuntimeError("a bug in _feed")
+
+        stream._feed = bug  # type: ignore[method-assign]
+        stream.on_data(_content("a"))  # raises nothing into data_received
+        with pytest.raises(RuntimeError, match="a bug in _feed"):
+            await stream.__anext__()
+        assert (response.closed, stream._closed) == (True, True)
+
+    asyncio.run(run())
