@@ -23,9 +23,10 @@ from prometheus_client.registry import Collector
 from loadgen.record import OUTCOMES, SLO_NAMES
 from loadgen.store import Store
 from loadlens.contracts import buckets as B
+from loadlens.contracts.ports import PORT
 from loadlens.contracts.slo import SLOConfig
 
-DEFAULT_METRICS_PORT = 9646
+DEFAULT_METRICS_PORT = PORT["loadgen"]  # loadlens/contracts/ports.py, the one table of ports
 """The port of the community Locust exporter (ContainerSolutions/locust_exporter), which this replaces."""
 
 HISTOGRAMS: tuple[tuple[str, str, str], ...] = (

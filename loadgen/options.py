@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadgen.metrics import DEFAULT_METRICS_PORT
+from loadlens.contracts.ports import PORT
 from loadlens.util.cliutil import env_name, non_negative_int, port_number, positive_float
 
 ENV_PREFIX = "LOADLENS_LOAD_"
@@ -74,7 +74,7 @@ LOAD_OPTIONS: tuple[LoadOption, ...] = (
     LoadOption("--seed", "prompt seed (default: the profile's)", check=non_negative_int, kind=int, unset=-1),
     LoadOption("--slo-file", "SLO file for goodput and breaches (default: packaged slos.yaml)", unset=""),
     LoadOption("--api-key", "bearer token for the target; prefer the variable (flags show in ps)", unset=""),
-    LoadOption("--metrics-port", "/metrics port, 0 = off", DEFAULT_METRICS_PORT, port_number, int),
+    LoadOption("--metrics-port", "/metrics port, 0 = off", PORT["loadgen"], port_number, int),
     LoadOption("--metrics-host", "/metrics bind address (0.0.0.0 in containers)", "127.0.0.1"),
     LoadOption(
         "--cpu-threshold",

@@ -234,18 +234,10 @@ class ExperimentRunner:
         """Write each trial's profile and validate it with ``loadlens load --dry-run``; load the previous
         result when resuming. Raises :class:`ExperimentError` (a usage error)."""
         (self.dir / "profiles").mkdir(parents=True, exist_ok=True)
-        checked: set[str] = set()
+        checks: dict[str, PlannedTrial] = {}
         for t in self.trials:
-            key = self.write_profile(t)
-            if key in checked:
-                continue
-            checked.add(key)
-            argv = _load_argv(self.profiles[t.name], "http://127.0.0.1:9", self.dir, "dry", self.opts, dry=True)
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-            if proc.returncode != 0:
-                line = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-                line = line.removeprefix("loadlens load: error: ")
-                raise ExperimentError(f"{self.exp.source.name}: profiles.{t.profile}: {line}")
+            checks.setdefault(self.write_profile(t), t)
+        self._dry_runs(list(checks.values()))
         previous = self.dir / EXPERIMENT_FILE
         if self.opts.resume:
             if not previous.is_file():
@@ -264,6 +256,37 @@ class ExperimentRunner:
         (self.dir / "experiment.yaml").write_text(
             yaml.safe_dump(self.exp.spec.model_dump(mode="json"), sort_keys=False)
         )
+
+    def _dry_runs(self, trials: list[PlannedTrial]) -> None:
+        """``loadlens load --dry-run`` of each trial's profile, as many at once as there are CPUs (each is
+        mostly its interpreter's start-up); the first failing one in trial order is the error."""
+        width = max(1, os.cpu_count() or 1)
+        failures: dict[int, str] = {}
+        for lo in range(0, len(trials), width):
+            batch = trials[lo : lo + width]
+            procs = [
+                subprocess.Popen(
+                    _load_argv(self.profiles[t.name], "http://127.0.0.1:9", self.dir, "dry", self.opts, dry=True),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for t in batch
+            ]
+            for i, proc in enumerate(procs, lo):
+                try:
+                    _, err = proc.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    _, err = proc.communicate()
+                if proc.returncode != 0:
+                    failures[i] = (err.strip().splitlines() or ["(no message)"])[-1]
+            if failures:
+                break
+        if failures:
+            i = min(failures)
+            line = failures[i].removeprefix("loadlens load: error: ")
+            raise ExperimentError(f"{self.exp.source.name}: profiles.{trials[i].profile}: {line}")
 
     def write_profile(self, t: PlannedTrial) -> str:
         """Write the trial's profile under profiles/ (a named profile stays a name); returns a key equal for

@@ -32,7 +32,7 @@ EXPERIMENT: dict[str, Any] = {
             "stop_timeout_s": 5,
             "defaults": {"endpoint": "completions", "output_tokens": {"mean": 8}},
             "traffic": [{"name": "t", "prompt": {"tokens": {"mean": 32}}}],
-            "stages": [{"name": "s", "users": 2, "duration": 3}],
+            "stages": [{"name": "s", "users": 2, "duration": 2}],
         }
     },
     "trials": [{"name": "s{seqs}", "profile": "p", "sweep": {"seqs": {"knob": "max_num_seqs", "values": "${seqs}"}}}],

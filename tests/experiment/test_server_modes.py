@@ -27,7 +27,7 @@ PROFILE: dict[str, Any] = {
     "stop_timeout_s": 5,
     "defaults": {"endpoint": "completions", "output_tokens": {"mean": 64}},
     "traffic": [{"name": "t", "prompt": {"tokens": {"mean": 32}}}],
-    "stages": [{"name": "s", "users": 12, "duration": 3}],
+    "stages": [{"name": "s", "users": 12, "duration": 2}],
 }
 SERVE = [sys.executable, "-m", "loadlens.cli", "serve", "--engine", "sim", "--model-profile", "tiny"]
 SERVE += ["--gpu-profile", "h100-sxm", "--speed", "0.2", "--log-level", "warning"]
