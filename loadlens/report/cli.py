@@ -87,6 +87,19 @@ def _window(args: argparse.Namespace, results_start: float | None, results_end: 
     return start, end
 
 
+def _query_options(args: argparse.Namespace) -> str:
+    """``--rate-interval`` parsed and ``--prometheus`` checked, before anything is queried."""
+    from loadlens.report.queries import parse_duration
+
+    try:
+        rate_interval = parse_duration(args.rate_interval)
+    except ValueError as err:
+        raise UsageError(f"--rate-interval: {err}") from None
+    if not str(args.prometheus).startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus: not an http(s) URL: {args.prometheus!r}")
+    return rate_interval
+
+
 def out_dir(out: Path | None, results: Results | None) -> Path:
     """Where the page goes: ``--out``, else ``report/`` beside the results file; without either, a usage
     error (the report never lands in whatever directory the command ran from)."""
@@ -104,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
     from loadlens.contracts.slo import SLOConfigError, load_slos
     from loadlens.dashboards.catalog import dashboards
     from loadlens.report.engines import engine_dialects, report_boards
-    from loadlens.report.queries import parse_duration
     from loadlens.report.results import load_results
     from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
 
@@ -120,12 +132,7 @@ def run(args: argparse.Namespace) -> int:
         except ResultsError as err:
             raise UsageError(str(err)) from None
     start, end = _window(args, results.start if results else None, results.end if results else None)
-    try:
-        rate_interval = parse_duration(args.rate_interval)
-    except ValueError as err:
-        raise UsageError(f"--rate-interval: {err}") from None
-    if not str(args.prometheus).startswith(("http://", "https://")):
-        raise UsageError(f"--prometheus: not an http(s) URL: {args.prometheus!r}")
+    rate_interval = _query_options(args)
     out = out_dir(args.out, results)
     try:
         slos = load_slos(args.slo_file)
@@ -263,7 +270,7 @@ def experiment_report(args: argparse.Namespace, file: Path) -> int:
     from loadlens.dashboards.catalog import dashboards
     from loadlens.report.engines import engine_dialects, report_boards
     from loadlens.report.experiment import load_experiment, render_experiment_page, run_bands, window
-    from loadlens.report.queries import collect, collect_alerts, parse_duration
+    from loadlens.report.queries import collect, collect_alerts
     from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
 
     try:
@@ -272,12 +279,7 @@ def experiment_report(args: argparse.Namespace, file: Path) -> int:
         raise UsageError(str(err)) from None
     first, last = window(result)
     span = _window(args, first, last) if first is not None or args.start else None
-    try:
-        rate_interval = parse_duration(args.rate_interval)
-    except ValueError as err:
-        raise UsageError(f"--rate-interval: {err}") from None
-    if not str(args.prometheus).startswith(("http://", "https://")):
-        raise UsageError(f"--prometheus: not an http(s) URL: {args.prometheus!r}")
+    rate_interval = _query_options(args)
     out = args.out if args.out is not None else file.parent / REPORT_DIR
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} exists and is not a directory")
