@@ -132,6 +132,9 @@ class Search(_Model):
     """Bisection stops when (hi - lo) / lo <= tolerance (or hi - lo <= 1 for integers)."""
     oversaturated_goodput: float = Field(default=0.25, ge=0, le=1)
     """A repeat whose goodput ratio is below this is over-saturated: the level fails without more repeats."""
+    confirm_failures: int = Field(default=0, ge=0, le=5)
+    """A level that fails its repeats (not over-saturated) is run up to this many more times and fails only if
+    none of those passes: on a noisy host one stalled run must not end the search below its capacity."""
 
     @model_validator(mode="after")
     def _range(self) -> Search:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 
-from loadlens.contracts.experiment_result import ExperimentResult, Trial
+from loadlens.contracts.experiment_result import ExperimentResult, Trial, TrialRun
 from loadlens.experiment.models import Search, level_trial, search_value
 from loadlens.experiment.runner import ExperimentRunner, Interrupted, _duration, _now, aggregate
 from loadlens.experiment.servers import ServerError
@@ -37,6 +37,26 @@ def repeat_passes(search: Search, figures: dict[str, float | None], verdict: str
 def oversaturated(search: Search, figures: dict[str, float | None]) -> bool:
     ratio = figures.get("goodput_ratio")
     return ratio is None or ratio < search.oversaturated_goodput
+
+
+def level_outcome(search: Search, runs: list[TrialRun], repeats: int) -> bool | None:
+    """Whether a level passes given its measured runs (in order), or None while runs are missing.
+
+    Over-saturated in any run: fails. Else the first ``repeats`` runs decide by majority; a level they fail is
+    confirmed by up to ``search.confirm_failures`` more runs, and passes if any of those passes.
+    """
+    runs = [r for r in runs if r.error is None]
+    if any(oversaturated(search, r.figures) for r in runs):
+        return False
+    if len(runs) < repeats:
+        return None
+    first = [repeat_passes(search, r.figures, r.verdict_status) for r in runs[:repeats]]
+    if sum(first) * 2 > len(first):
+        return True
+    extra = runs[repeats:]
+    if any(repeat_passes(search, r.figures, r.verdict_status) for r in extra):
+        return True
+    return None if len(extra) < search.confirm_failures else False
 
 
 def plan_next(search: Search, outcomes: dict[float, bool]) -> float | None:
@@ -82,14 +102,7 @@ class SearchRunner(ExperimentRunner):
 
     def _outcome(self, trial: Trial) -> bool | None:
         """Passed (most repeats passed), failed, or None while repeats are missing."""
-        search = self._search()
-        runs = [r for r in trial.runs if r.error is None]
-        verdicts = [repeat_passes(search, r.figures, r.verdict_status) for r in runs]
-        if any(oversaturated(search, r.figures) for r in runs):
-            return False
-        if len(runs) < self.opts.repeats:
-            return None
-        return sum(verdicts) * 2 > len(verdicts)
+        return level_outcome(self._search(), trial.runs, self.opts.repeats)
 
     def _eta(self, outcomes: dict[float, bool], level: float, repeat: int, run_times: list[float]) -> str:
         """Runs left × the mean run so far, once the bracket is known (levels to bisect: log2 of its width);
@@ -130,12 +143,19 @@ class SearchRunner(ExperimentRunner):
                 self.write_profile(planned)
                 done = {r.repeat for r in record.runs if r.error is None}
                 record.runs = [r for r in record.runs if r.error is None]
-                for repeat in range(1, self.opts.repeats + 1):
+                for repeat in range(1, self.opts.repeats + search.confirm_failures + 1):
+                    if repeat > self.opts.repeats and self._outcome(record) is not None:
+                        break  # passed, or its failure is confirmed
                     if repeat in done:
                         continue
+                    which = (
+                        f"repeat {repeat}/{self.opts.repeats}"
+                        if repeat <= self.opts.repeats
+                        else f"confirming a failure {repeat - self.opts.repeats}/{search.confirm_failures}"
+                    )
                     self.say(
                         f"experiment {self.exp.spec.name}: {search.var}={search_value(search, level)} ({planned.name})"
-                        f" repeat {repeat}/{self.opts.repeats}, {len(outcomes)} levels measured; elapsed"
+                        f" {which}, {len(outcomes)} levels measured; elapsed"
                         f" {_duration(time.monotonic() - started)}, ETA {self._eta(outcomes, level, repeat, run_times)}"
                     )
                     t0 = time.monotonic()

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from loadlens.cli import main
+from loadlens.contracts.experiment_result import TrialRun
 from loadlens.experiment.models import Search
-from loadlens.experiment.search import oversaturated, plan_next, repeat_passes
+from loadlens.experiment.search import level_outcome, oversaturated, plan_next, repeat_passes
 
 
 def search_for(capacity: float, **fields: Any) -> tuple[list[float], dict[float, bool]]:
@@ -65,6 +66,28 @@ def test_pass_rule() -> None:
     assert repeat_passes(s.model_copy(update={"every_slo": False}), {"goodput_ratio": 0.95}, "fail") is True
     assert repeat_passes(s, {"goodput_ratio": 0.89}, "pass") is False
     assert oversaturated(s, {"goodput_ratio": 0.2}) and not oversaturated(s, {"goodput_ratio": 0.3})
+
+
+def _run(ok: bool, goodput: float = 0.95) -> TrialRun:
+    return TrialRun(
+        repeat=1, run_id="r", result_path="x", log_path="y", exit_code=0, completed=True, start_timestamp=0.0,
+        end_timestamp=0.0, duration_s=0.0, figures={"goodput_ratio": goodput}, verdict_status="pass" if ok else "fail",
+    )  # fmt: skip
+
+
+def test_a_failure_counts_only_once_confirmed() -> None:
+    s = Search(var="level", start=1, max=2, confirm_failures=1)
+    assert level_outcome(s, [], 1) is None
+    assert level_outcome(s, [_run(True)], 1) is True
+    assert level_outcome(s, [_run(False)], 1) is None  # one more run decides
+    assert level_outcome(s, [_run(False), _run(True)], 1) is True  # the failure did not reproduce
+    assert level_outcome(s, [_run(False), _run(False)], 1) is False
+    assert level_outcome(s, [_run(False, goodput=0.1)], 1) is False  # over-saturated: no confirmation
+    assert level_outcome(s, [_run(True), _run(False), _run(False)], 3) is None  # majority failed: confirm
+    assert level_outcome(s, [_run(True), _run(False), _run(False), _run(False)], 3) is False
+    no_confirm = s.model_copy(update={"confirm_failures": 0})
+    assert level_outcome(no_confirm, [_run(False)], 1) is False
+    assert level_outcome(no_confirm, [_run(True), _run(True), _run(False)], 3) is True
 
 
 @pytest.mark.parametrize(

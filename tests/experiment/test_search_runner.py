@@ -27,17 +27,21 @@ class FakeServer(ServerControl):
 
 
 class FakeRunner(SearchRunner):
-    def __init__(self, *args: Any, interrupt_after: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, interrupt_after: int | None = None, stalls: frozenset[int] = frozenset(), **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.measured: list[int] = []
         self.interrupt_after = interrupt_after
+        self.stalls = stalls
+        """Levels whose first run fails below the capacity (a stalled host), as the packaged search must survive."""
 
     def _run_load(self, trial: PlannedTrial, url: str, repeat: int) -> TrialRun:
         if self.interrupt_after is not None and len(self.measured) == self.interrupt_after:
             raise Interrupted
         level = int(trial.vars["level"])
+        ok = level <= CAPACITY and not (level in self.stalls and level not in self.measured)
         self.measured.append(level)
-        ok = level <= CAPACITY
         return TrialRun(
             repeat=repeat, run_id=f"r{repeat}", result_path="x", log_path="y", exit_code=0, completed=True,
             start_timestamp=float(len(self.measured)), end_timestamp=0.0, duration_s=0.0,
@@ -71,10 +75,21 @@ def test_search_ends_on_the_capacity_and_resume_reuses_levels(tmp_path: Path) ->
     second = runner(tmp_path, resume=True)
     prepare_without_dry_run(second, tmp_path)
     result: ExperimentResult = second.run()
-    assert second.measured == [48, 40, 36, 38, 37]  # the first four were not run again
+    # The first four were not run again; each failing level (64, 48, 40, 38) is run once more to confirm it.
+    assert second.measured == [64, 48, 48, 40, 40, 36, 38, 38, 37]
     assert result.completed
     assert [t.name for t in result.trials] == ["c8", "c16", "c32", "c64", "c48", "c40", "c36", "c38", "c37"]
     assert result.tables[1].rows[0]["capacity"] == 37.0 and result.tables[1].rows[0]["next_failing"] == 38.0
     assert [r["level"] for r in result.tables[0].rows] == [8, 16, 32, 36, 37, 38, 40, 48, 64]
     written = json.loads((tmp_path / "experiment_result.json").read_text())
     assert written["trials"][0]["runs"][0]["start_timestamp"] == 1.0  # kept from before the interrupt
+
+
+def test_a_stalled_run_below_the_capacity_does_not_end_the_search_low(tmp_path: Path) -> None:
+    r = runner(tmp_path, resume=False, stalls=frozenset({16}))
+    prepare_without_dry_run(r, tmp_path)
+    result = r.run()
+    assert r.measured[:4] == [8, 16, 16, 32]  # 16 failed once, passed its confirmation, the search went on up
+    assert result.tables[1].rows[0]["capacity"] == 37.0
+    sixteen = next(row for row in result.tables[0].rows if row["level"] == 16)
+    assert sixteen["passed"] == "1/2" and sixteen["level_passes"] is True

@@ -367,7 +367,7 @@ def burst_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) ->
 
 
 def search_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig, search: Search) -> None:
-    from loadlens.experiment.search import oversaturated, repeat_passes
+    from loadlens.experiment.search import level_outcome, oversaturated, repeat_passes
 
     var = search.var
     rows: list[dict[str, Any]] = []
@@ -388,7 +388,7 @@ def search_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig, s
             "p99_e2el_ms": _mean(t, "p99_e2el_ms"),
             "error_ratio": _mean(t, "error_ratio"),
             "verdicts": ", ".join(r.verdict_status or "-" for r in runs),
-            "level_passes": k * 2 > len(runs) and not sat,
+            "level_passes": level_outcome(search, runs, result.experiment.repeats) is True,
             "oversaturated": sat,
         })  # fmt: skip
     rows.sort(key=lambda r: float(r[var]))
