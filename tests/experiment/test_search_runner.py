@@ -49,8 +49,10 @@ class FakeRunner(SearchRunner):
         )  # fmt: skip
 
 
-def runner(tmp_path: Path, resume: bool, **kwargs: Any) -> FakeRunner:
+def runner(tmp_path: Path, resume: bool, confirm: int = 0, **kwargs: Any) -> FakeRunner:
     exp = load_experiment("slo-search")
+    assert exp.spec.search is not None
+    exp.spec.search.confirm_failures = confirm
     opts = RunOptions(directory=tmp_path, run_id="s", repeats=1, resume=resume)
     spec = exp.spec
     r = FakeRunner(exp, expand_trials(exp), FakeServer(None), opts,
@@ -75,8 +77,7 @@ def test_search_ends_on_the_capacity_and_resume_reuses_levels(tmp_path: Path) ->
     second = runner(tmp_path, resume=True)
     prepare_without_dry_run(second, tmp_path)
     result: ExperimentResult = second.run()
-    # The first four were not run again; each failing level (64, 48, 40, 38) is run once more to confirm it.
-    assert second.measured == [64, 48, 48, 40, 40, 36, 38, 38, 37]
+    assert second.measured == [48, 40, 36, 38, 37]  # the first four were not run again
     assert result.completed
     assert [t.name for t in result.trials] == ["c8", "c16", "c32", "c64", "c48", "c40", "c36", "c38", "c37"]
     assert result.tables[1].rows[0]["capacity"] == 37.0 and result.tables[1].rows[0]["next_failing"] == 38.0
@@ -86,10 +87,19 @@ def test_search_ends_on_the_capacity_and_resume_reuses_levels(tmp_path: Path) ->
 
 
 def test_a_stalled_run_below_the_capacity_does_not_end_the_search_low(tmp_path: Path) -> None:
-    r = runner(tmp_path, resume=False, stalls=frozenset({16}))
+    r = runner(tmp_path, resume=False, confirm=1, stalls=frozenset({16}))
     prepare_without_dry_run(r, tmp_path)
     result = r.run()
-    assert r.measured[:4] == [8, 16, 16, 32]  # 16 failed once, passed its confirmation, the search went on up
+    # 16 failed once and passed its confirmation, so the search went on up; 64, 48, 40 and 38 failed twice.
+    assert r.measured == [8, 16, 16, 32, 64, 64, 48, 48, 40, 40, 36, 38, 38, 37]
     assert result.tables[1].rows[0]["capacity"] == 37.0
     sixteen = next(row for row in result.tables[0].rows if row["level"] == 16)
     assert sixteen["passed"] == "1/2" and sixteen["level_passes"] is True
+
+
+def test_without_confirmation_one_stalled_run_ends_the_search_low(tmp_path: Path) -> None:
+    r = runner(tmp_path, resume=False, stalls=frozenset({16}))
+    prepare_without_dry_run(r, tmp_path)
+    result = r.run()
+    assert r.measured == [8, 16, 12, 14, 15]
+    assert result.tables[1].rows[0]["capacity"] == 15.0
