@@ -29,9 +29,12 @@ def test_a_dead_prometheus_is_an_error_naming_the_url_and_the_failure(scripted: 
 
 
 def test_fail_on_slo_exits_1_on_a_fail_verdict_and_the_file_holds_it(scripted: Served, tmp_path: Path) -> None:
-    # The scripted engine's TTFT is 50 ms; this SLO file allows 10 ms.
+    # The scripted engine's TTFT is 50 ms; this SLO file allows 10 ms. ITL and E2E get bounds no loaded
+    # machine reaches, so the headline names exactly the two checks the scripted delays decide.
     slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
     slo["classes"][0]["ttft_seconds"] = 0.01
+    slo["classes"][0]["itl_seconds"] = 30.0
+    slo["classes"][0]["e2e_seconds"] = 300.0
     slo_file = tmp_path / "tight.yaml"
     slo_file.write_text(yaml.safe_dump(slo))
     profile = write_profile(tmp_path / "p.yaml", {
