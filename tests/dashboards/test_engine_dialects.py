@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -31,7 +29,7 @@ from loadlens.dashboards.model import Dashboard
 from tests.dashboards import engine_expositions as rec
 from tests.dashboards.support import all_queries
 from tests.support.paths import ROOT
-from tests.support.prometheus import PrometheusServer, require_prometheus
+from tests.support.prometheus import PrometheusServer, prometheus_on_openmetrics
 
 VIEWS = {"vllm": "loadlens-serving", "sglang": "loadlens-serving-sglang"}
 FIXTURE = {"vllm": rec.VLLM_FILE, "sglang": rec.SGLANG_FILE}
@@ -148,23 +146,10 @@ def test_docs_show_the_mapping() -> None:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    require_prometheus()
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not found: apt-get install prometheus")
     work = tmp_path_factory.mktemp("engine-dialects")
     parts = [with_target_labels(FIXTURE[d].read_text(), SERVE_JOB, INSTANCE[d]) for d in VIEWS]
-    combined = work / "engines.om"
-    combined.write_text("".join(p.removesuffix("# EOF\n") for p in parts) + "# EOF\n")
-    tsdb = work / "tsdb"
-    proc = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(combined), str(tsdb)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    with PrometheusServer(work, tsdb_path=tsdb) as prom:
+    combined = "".join(p.removesuffix("# EOF\n") for p in parts) + "# EOF\n"
+    with prometheus_on_openmetrics(work, combined) as prom:
         yield prom
 
 

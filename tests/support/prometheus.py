@@ -26,7 +26,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,7 +39,14 @@ from loadlens.util.net import free_port
 
 ENV_BINARY = "LOADLENS_PROMETHEUS"
 
-__all__ = ["PrometheusError", "PrometheusServer", "free_port", "prometheus_binary", "require_prometheus"]
+__all__ = [
+    "PrometheusError",
+    "PrometheusServer",
+    "free_port",
+    "prometheus_binary",
+    "prometheus_on_openmetrics",
+    "require_prometheus",
+]
 
 
 def prometheus_binary() -> str | None:
@@ -204,3 +212,26 @@ class PrometheusServer:
                 raise PrometheusError(f"{expr!r} matched {len(result)} series")
             time.sleep(0.2)
         raise PrometheusError(f"no value for {expr!r} after {timeout} s")
+
+
+@contextmanager
+def prometheus_on_openmetrics(work: Path, text: str) -> Iterator[PrometheusServer]:
+    """A Prometheus serving a recorded OpenMetrics text (samples with timestamps) as its TSDB, through
+    ``promtool tsdb create-blocks-from openmetrics``; skips without prometheus or promtool."""
+    require_prometheus()
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found: apt-get install prometheus")
+    work.mkdir(parents=True, exist_ok=True)
+    recording = work / "recording.om"
+    recording.write_text(text)
+    tsdb = work / "tsdb"
+    proc = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(recording), str(tsdb)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with PrometheusServer(work, tsdb_path=tsdb) as prom:
+        yield prom

@@ -14,18 +14,14 @@ place in each window. The data lies in the past: every query needs its ``time=``
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from loadlens.contracts.ports import SERVE_JOB
 from tests.dashboards import engine_expositions as rec
 from tests.dashboards.test_engine_dialects import INSTANCE, with_target_labels
-from tests.support.prometheus import PrometheusServer, require_prometheus
+from tests.support.prometheus import PrometheusServer, prometheus_on_openmetrics
 
 DIALECTS = ("sglang", "vllm")
 FILES = {"sglang": rec.SGLANG_FILE, "vllm": rec.VLLM_FILE}
@@ -72,24 +68,9 @@ def scrapes(dialect: str) -> dict[int, str]:
 @contextmanager
 def recorded_prometheus(work: Path) -> Iterator[PrometheusServer]:
     """Prometheus on both recordings (skips without prometheus or promtool)."""
-    require_prometheus()
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not found: apt-get install prometheus")
-    work.mkdir(parents=True, exist_ok=True)
     parts = [
         shifted(with_target_labels(FILES[d].read_text(), SERVE_JOB, INSTANCE[d]), OFFSET[d]).removesuffix("# EOF\n")
         for d in DIALECTS
     ]
-    combined = work / "engines.om"
-    combined.write_text("".join(parts) + "# EOF\n")
-    tsdb = work / "tsdb"
-    proc = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(combined), str(tsdb)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    with PrometheusServer(work, tsdb_path=tsdb) as prom:
+    with prometheus_on_openmetrics(work, "".join(parts) + "# EOF\n") as prom:
         yield prom
