@@ -9,11 +9,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.serving.engine import FinishReason
 from exporters.serving.engines.sim.stats import (
+    AdapterRead,
+    BlockEviction,
+    EarlyEnd,
+    EngineStats,
     FinishedRequestStats,
     IterationStats,
+    KnobChange,
     LoraStats,
+    Rejection,
     SchedulerStats,
     StepStats,
+    WakeupStats,
 )
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
 from loadlens.contracts.buckets import (
@@ -277,3 +284,52 @@ def test_kv_block_residency_histograms_use_vllms_buckets() -> None:
     assert value(reg, "vllm:kv_block_idle_before_evict_seconds_bucket", **LAB, le="2.0") == 0
     assert value(reg, "vllm:kv_block_reuse_gap_seconds_count", **LAB) == 2
     assert value(reg, "vllm:kv_block_reuse_gap_seconds_bucket", **LAB, le="0.005") == 1
+
+
+def test_engine_stats_bundle_feeds_wakeup_iteration_and_queue_series() -> None:
+    m, reg = make()
+    queue = SchedulerStats(num_running=2, num_waiting=3, num_deferred=1, kv_cache_usage=0.25)
+    m.record(EngineStats(queue, None, WakeupStats(0.5, late_step=True, slipped=True),
+                         IterationStats(num_generation_tokens=2, inter_token_latencies=[0.5, 0.5])))  # fmt: skip
+    assert value(reg, "loadlens_sim_lag_seconds") == 0.5
+    assert value(reg, "loadlens_sim_late_steps_total") == 1
+    assert value(reg, "loadlens_sim_schedule_slips_total") == 1
+    assert value(reg, "loadlens_sim_timing_error_seconds_sum") == 0.5
+    assert value(reg, "vllm:generation_tokens_total", **LAB) == 2
+    assert value(reg, "vllm:inter_token_latency_seconds_count", **LAB) == 2
+    assert value(reg, "vllm:iteration_tokens_total_count", **LAB) == 1
+    assert value(reg, "vllm:num_requests_waiting_by_reason", **LAB, reason="capacity") == 2
+    # A bare snapshot observes nothing; an idle one resets the lag.
+    m.record(EngineStats(queue, None, WakeupStats(-0.001, late_step=False, slipped=False)))
+    assert value(reg, "loadlens_sim_lag_seconds") == 0.0
+    m.record(EngineStats(queue, LoraStats(2, (), ("a",))))
+    assert value(reg, "vllm:iteration_tokens_total_count", **LAB) == 1
+    assert value(reg, "loadlens_sim_timing_error_seconds_count") == 2
+    assert value(reg, "vllm:lora_requests_info", max_lora="2", waiting_lora_adapters="",
+                 running_lora_adapters="a") > 0  # fmt: skip
+    m.record(EngineStats(queue, None, WakeupStats(0.25, late_step=True, slipped=False)))
+    assert value(reg, "loadlens_sim_lag_seconds") == 0.25
+    m.record(EngineStats(SchedulerStats(0, 0, 0, 0.0), None, idle=True))
+    assert value(reg, "loadlens_sim_lag_seconds") == 0.0
+    assert value(reg, "vllm:num_requests_running", **LAB) == 0
+
+
+def test_events_feed_their_series() -> None:
+    m, reg = make()
+    m.record_event(BlockEviction(6.0, 5.0, [1.0, 0.004]))
+    m.record_event(AdapterRead(0.5))
+    m.record_event(Rejection("max_num_queued_reqs"))
+    m.record_event(EarlyEnd(FinishReason.ABORT))
+    m.record_event(KnobChange(3, {"block_size": "16", "num_gpu_blocks": "50"}))
+    assert value(reg, "vllm:kv_block_lifetime_seconds_sum", **LAB) == 6.0
+    assert value(reg, "vllm:kv_block_idle_before_evict_seconds_sum", **LAB) == 5.0
+    assert value(reg, "vllm:kv_block_reuse_gap_seconds_count", **LAB) == 2
+    assert value(reg, "loadlens_sim_adapter_load_seconds_sum", source="storage") == 0.5
+    assert value(reg, "loadlens_sim_adapter_load_seconds_count", source="host") == 0
+    assert value(reg, "vllm:admission_rejections_total", model_name="m", reason="max_num_queued_reqs") == 1
+    assert value(reg, "vllm:request_success_total", **LAB, finished_reason="abort") == 1
+    assert value(reg, "vllm:e2e_request_latency_seconds_count", **LAB) == 0
+    assert value(reg, "vllm:num_preemptions_total", **LAB) == 3
+    assert value(reg, "vllm:cache_config_info", block_size="16", engine="0", num_gpu_blocks="50") == 1
+    assert reg.get_sample_value("vllm:cache_config_info", {"block_size": "16", "engine": "0",
+                                                           "num_gpu_blocks": "100"}) is None  # fmt: skip

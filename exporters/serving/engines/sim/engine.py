@@ -10,11 +10,10 @@ then every sampled request gets one token. Engine-side timestamps (``RequestTimi
 ``vllm:*`` latency) are wall-clock ``time.monotonic()`` instants of what really happened: a request is
 scheduled when the loop planned the step that took it, and a token is produced when its event is handed to
 the request's stream, however late the loop woke. So when the sim cannot keep real time, its histograms
-show the latency clients saw, like a real server's. How late the loop woke is
-``loadlens_sim_timing_error_seconds`` (and ``loadlens_sim_lag_seconds``, ``loadlens_sim_late_steps_total``,
-a warning when more than 50 ms late, at most every :data:`LAG_LOG_INTERVAL` seconds); if it falls more than
-0.25 s behind, the schedule restarts from "now" (``loadlens_sim_schedule_slips_total``) instead of racing
-through the backlog.
+show the latency clients saw, like a real server's. How late the loop woke is judged by :mod:`.lateness` (a
+warning when more than 50 ms late); if it falls more than 0.25 s behind, the schedule restarts from "now"
+instead of racing through the backlog. The engine reports what it does as records (:mod:`.stats`) to a stat
+logger; the Prometheus one (:class:`.vllm_metrics.VllmMetrics`) owns every series, the engine knows none.
 
 Usage::
 
@@ -34,11 +33,9 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING, Any
 
 from exporters.serving.engine import (
     Engine,
@@ -59,6 +56,7 @@ from exporters.serving.engines.sim.admission_window import window_close
 from exporters.serving.engines.sim.device_model import DeviceModel
 from exporters.serving.engines.sim.knob_plan import plan_change, scheduler_config, startup_state
 from exporters.serving.engines.sim.kv_sizing import cache_config_info
+from exporters.serving.engines.sim.lateness import Lateness
 from exporters.serving.engines.sim.live_request import (
     LiveRequests,
     block_hashes,
@@ -70,26 +68,31 @@ from exporters.serving.engines.sim.lora_adapters import AdapterRegistry
 from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
 from exporters.serving.engines.sim.sched_types import Adapter, SchedRequest
 from exporters.serving.engines.sim.scheduler import Scheduler
-from exporters.serving.engines.sim.stats import LoraStats, StepStats
+from exporters.serving.engines.sim.stats import (
+    AdapterRead,
+    BlockEviction,
+    EarlyEnd,
+    EngineStats,
+    IterationStats,
+    KnobChange,
+    LoraStats,
+    Rejection,
+    RejectReason,
+    StatLogger,
+    StatLoggers,
+    StepStats,
+    WakeupStats,
+)
 from exporters.serving.engines.sim.step_pricing import price_step
 from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.timer import DeadlineTimer
 from exporters.serving.engines.sim.tokenizer import make_words, stable_seed
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
 
+if TYPE_CHECKING:  # the registry only passes through to the Prometheus logger
+    from prometheus_client import CollectorRegistry
+
 log = logging.getLogger(__name__)
-
-SLIP_SECONDS = 0.25
-"""Lateness beyond which the loop gives up catching up and restarts its schedule from now."""
-
-LATE_SECONDS = 0.002
-"""A wake-up later than this against its deadline is a late step (the sim's 2 ms p99 timing goal)."""
-
-LAG_LOG_SECONDS = 0.05
-"""A wake-up this late is worth a warning (late steps below it are only counted)."""
-
-LAG_LOG_INTERVAL = 10.0
-"""Seconds between two "behind real time" warnings, at most."""
 
 
 @dataclass(eq=False, slots=True)
@@ -115,7 +118,9 @@ class SimEngine(Engine):
         seed: int = 0,
         jitter: float = 0.0,
         knobs: Mapping[str, Any] | None = None,
+        stat_loggers: Sequence[StatLogger] = (),
     ) -> None:
+        """``stat_loggers`` get every record too, after the Prometheus logger on ``registry``."""
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a positive finite number, got {speed}")
         if not (math.isfinite(jitter) and jitter >= 0):
@@ -132,14 +137,11 @@ class SimEngine(Engine):
         self._sched = Scheduler(
             scheduler_config(k), k.num_gpu_blocks or 0, enable_prefix_caching=k.enable_prefix_caching
         )
-        self._metrics = VllmMetrics(
-            registry,
-            model_name=self.served_model_name,
-            max_model_len=k.max_model_len,
-            cache_info=cache_config_info(k, self._state.override),
-            max_loras=k.max_loras,
-        )
-        self._sched.pool.on_evict = self._metrics.record_block_eviction
+        cache_info = cache_config_info(k, self._state.override)
+        prometheus = VllmMetrics(registry, model_name=self.served_model_name, max_model_len=k.max_model_len,
+                                 cache_info=cache_info, max_loras=k.max_loras)  # fmt: skip
+        self._stats: StatLogger = StatLoggers([prometheus, *stat_loggers]) if stat_loggers else prometheus
+        self._sched.pool.on_evict = lambda life, idle, gaps: self._stats.record_event(BlockEviction(life, idle, gaps))
         self._device = DeviceModel(model, gpu, seed=seed)
         self._device.configure(k)
         self._words = make_words(seed)
@@ -159,9 +161,7 @@ class SimEngine(Engine):
         self._stopping = False
         self._crashed: BaseException | None = None
         self._counter = 0
-        self._last_lag_log = -math.inf
-        self._late_since_log = 0
-        self._slips_since_log = 0
+        self._lateness = Lateness(log)
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -249,8 +249,8 @@ class SimEngine(Engine):
         self._on_arrival(now)
         return stream
 
-    def _reject(self, reason: str, why: str) -> None:
-        self._metrics.record_rejection(reason)
+    def _reject(self, reason: RejectReason, why: str) -> None:
+        self._stats.record_event(Rejection(reason))
         raise EngineError(ErrorKind.QUEUE_FULL, f"Server is overloaded: {why}; retry later.",
                           retry_after_seconds=self._live.retry_after())  # fmt: skip
 
@@ -281,7 +281,7 @@ class SimEngine(Engine):
             return
         self._sched.abort(live.sched)
         live.stream.timing.finished = time.monotonic()
-        self._metrics.ended_early(reason)
+        self._stats.record_event(EarlyEnd(reason))
         if notify:
             live.stream.push(OutputEvent("", 0, live.prompt_tokens, live.sched.num_output, finish_reason=reason))
 
@@ -293,8 +293,7 @@ class SimEngine(Engine):
             while True:
                 if not self._sched.has_work() and not self._ops:
                     self._sched.num_deferred = 0
-                    self._publish()
-                    self._metrics.set_lag(0.0)
+                    self._publish(idle=True)
                     self._was_idle = True
                     self._idle = loop.create_future()
                     await self._idle
@@ -341,25 +340,12 @@ class SimEngine(Engine):
             return
         await self._timer.sleep_until(when)
 
-    def _advance_cursor(self, deadline: float) -> float:
-        """Record how late the loop woke for ``deadline``, move the schedule on; returns now (wall)."""
+    def _advance_cursor(self, deadline: float) -> tuple[float, WakeupStats]:
+        """Move the schedule on from ``deadline``; returns now (wall) and how late the loop woke."""
         now = time.monotonic()
-        late = now - deadline
-        slipped = late > SLIP_SECONDS
-        self._metrics.record_wakeup(late, slipped=slipped, late_step=late > LATE_SECONDS)
-        self._cursor = now if slipped else deadline
-        if late > LATE_SECONDS:
-            self._late_since_log += 1
-            self._slips_since_log += slipped
-            if late > LAG_LOG_SECONDS and now - self._last_lag_log >= LAG_LOG_INTERVAL:
-                log.warning(
-                    "sim engine is %.3f s behind real time (%d late steps, %d schedule restarts since the last "
-                    "such warning); its latencies are measured as delivered, so they include this lag",
-                    late, self._late_since_log, self._slips_since_log,
-                )  # fmt: skip
-                self._last_lag_log = now
-                self._late_since_log = self._slips_since_log = 0
-        return now
+        wakeup = self._lateness.woke(deadline, now)
+        self._cursor = now if wakeup.slipped else deadline
+        return now, wakeup
 
     async def _step(self) -> None:
         speed = self.speed
@@ -408,26 +394,28 @@ class SimEngine(Engine):
         stats = StepStats(step.end - t0, batch.shape.num_seqs, len(batch.preempted), batch.prefix_queries,
                           batch.prefix_hits, list(step.adapter_loads), flops=step.cost.flops,
                           read_bytes=step.cost.bytes_moved - written, write_bytes=written)  # fmt: skip
-        self._metrics.record_step(stats)
+        self._stats.record_step(stats)
 
         await self._sleep_until(step.end)
-        now = self._advance_cursor(step.end)
+        now, wakeup = self._advance_cursor(step.end)
         if step.cost.stall_seconds:
             self._live.charge_block(t0, step.stall_end)
         # Tokens are stamped when they are handed to the streams (now), not at the modeled step end: a late
         # loop delivers late, and a real server's histograms show what it delivered.
         it, finished = emit_tokens(self._live, self._sched.complete(batch), now, self._words)
-        self._metrics.record_iteration(it)
         if finished:
             self._sched.finish(finished)
-        self._publish()
+        self._publish(wakeup, it)
         if it.num_generation_tokens:
             # Let the streams' consumers take their tokens before the next step is planned (planning costs
             # up to ~1 ms of CPU): what the HTTP layer sees then follows the stamp above by microseconds. The
             # deadlines are absolute, so the schedule does not move.
             await asyncio.sleep(0)
 
-    def _publish(self) -> None:
+    def _publish(
+        self, wakeup: WakeupStats | None = None, iteration: IterationStats | None = None, *, idle: bool = False
+    ) -> None:
+        """Hand the logger the engine's state, with what the loop learned since (see :class:`EngineStats`)."""
         s = self._sched
         lora: LoraStats | None = None
         waiting: tuple[str, ...] = ()
@@ -436,7 +424,7 @@ class SimEngine(Engine):
             waiting, running = s.adapters_in_use()
         if len(self._adapters) or running or waiting:
             lora = LoraStats(self._state.knobs.max_loras, waiting, running)
-        self._metrics.record_scheduler(s.stats(), lora)
+        self._stats.record(EngineStats(s.stats(), lora, wakeup, iteration, idle))
 
     # --- adapters ------------------------------------------------------------------------------------------
 
@@ -466,18 +454,18 @@ class SimEngine(Engine):
         t0 = max(self._cursor, op.enqueued)
         seconds = roofline.adapter_read_seconds(self.gpu, op.adapter.nbytes)
         t1 = t0 + seconds / self.speed
-        self._metrics.record_adapter_load("storage", t1 - t0)
+        self._stats.record_event(AdapterRead(t1 - t0))
         await self._sleep_until(t1)
-        self._advance_cursor(t1)
+        _, wakeup = self._advance_cursor(t1)
         self._live.charge_block(t0, t1)
-        self._register(op.adapter)
+        self._register(op.adapter, wakeup)
         if not op.done.done():
             op.done.set_result(None)
 
-    def _register(self, adapter: Adapter) -> None:
+    def _register(self, adapter: Adapter, wakeup: WakeupStats | None = None) -> None:
         self._adapters.add(adapter)
         self._sched.cache_adapter(adapter)
-        self._publish()
+        self._publish(wakeup)
 
     def _fail_adapter(self, adapter: Adapter) -> None:
         """The device could not allocate the adapter (OOM): its requests fail, its slot empties."""
@@ -506,12 +494,11 @@ class SimEngine(Engine):
         done = self._sched.reconfigure(
             scheduler_config(k), num_blocks=k.num_gpu_blocks or 0, enable_prefix_caching=k.enable_prefix_caching
         )
-        self._metrics.record_preemptions(len(done.preempted))
         for req in done.preempted:
             self._live[req.request_id].stream.timing.preemptions += 1
         for a in done.evicted:
             self._device.free_adapter(a)
         self._device.configure(k)
-        self._metrics.set_cache_info(cache_config_info(k, new.override))
+        self._stats.record_event(KnobChange(len(done.preempted), cache_config_info(k, new.override)))
         self._publish()
         return self.knobs()

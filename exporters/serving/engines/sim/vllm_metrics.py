@@ -1,6 +1,7 @@
-"""The ``vllm:*`` series exactly as vLLM 0.33 names, labels and buckets them, plus the sim's own
-``loadlens_sim_*`` series. One object per engine, on the registry it is given; every labelled child is bound
-once at start-up and gauges start at 0, so dashboards see every series from the first scrape.
+"""The sim's Prometheus stat logger: the ``vllm:*`` series exactly as vLLM 0.33 names, labels and buckets them,
+plus the sim's own ``loadlens_sim_*`` series, recorded from the engine's records (:mod:`.stats`). One object per
+engine, on the registry it is given; every labelled child is bound once at start-up and gauges start at 0, so
+dashboards see every series from the first scrape.
 
 Semantics (vLLM docs/design/metrics.md): TTFT from the request's arrival at the HTTP layer; queue = scheduled
 - queued; prefill = first token - scheduled; decode = last token - first token; inference = last token -
@@ -22,14 +23,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import assert_never
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters.serving.engine import FinishReason
 from exporters.serving.engines.sim.stats import (
+    AdapterRead,
+    BlockEviction,
+    EarlyEnd,
+    EngineEvent,
+    EngineStats,
     FinishedRequestStats,
     IterationStats,
+    KnobChange,
     LoraStats,
+    Rejection,
     SchedulerStats,
     StepStats,
 )
@@ -57,7 +66,8 @@ CACHED_SOURCES: tuple[str, ...] = ("device", "host", "p2p", "disk", "external_un
 
 
 class VllmMetrics:
-    """Typed recorder of the sim's engine series. Metric classes are attributes so tests may swap them."""
+    """The Prometheus :class:`~.stats.StatLogger` of the sim's engine series. Metric classes are attributes so
+    tests may swap them."""
 
     _gauge_cls = Gauge
     _counter_cls = Counter
@@ -333,6 +343,32 @@ class VllmMetrics:
         self.success[reason.value].inc()
 
     # --- the stat logger: records from the engine ----------------------------------------------------------
+
+    def record(self, stats: EngineStats) -> None:
+        if stats.wakeup is not None:
+            w = stats.wakeup
+            self.record_wakeup(w.late_seconds, slipped=w.slipped, late_step=w.late_step)
+        if stats.iteration is not None:
+            self.record_iteration(stats.iteration)
+        self.record_scheduler(stats.scheduler, stats.lora)
+        if stats.idle:
+            self.set_lag(0.0)
+
+    def record_event(self, event: EngineEvent) -> None:
+        match event:
+            case BlockEviction():  # the frequent one first
+                self.record_block_eviction(event.lifetime, event.idle, event.reuse_gaps)
+            case AdapterRead():
+                self.record_adapter_load("storage", event.seconds)
+            case Rejection():
+                self.record_rejection(event.reason)
+            case EarlyEnd():
+                self.ended_early(event.reason)
+            case KnobChange():
+                self.record_preemptions(event.num_preempted)
+                self.set_cache_info(event.cache_info)
+            case _:
+                assert_never(event)
 
     def record_scheduler(self, stats: SchedulerStats, lora: LoraStats | None) -> None:
         """``lora`` is None while no adapter is registered or in use: the info series then keeps its value."""
