@@ -39,16 +39,17 @@ def _chunk(payload: bytes) -> bytes:
 class FakeUpstream:
     """A bare-socket HTTP/1.1 upstream, one thread per connection.
 
-    ``stale_after_s``: a kept-alive connection idle longer than this is closed when its next request arrives,
-    unanswered: the race an upstream's keep-alive timer wins against a client that picked the connection just
-    before the close reached it (the request is dropped unprocessed, as a real idle close drops it).
+    ``close_idle``: once the test sets it, a kept-alive connection that has answered before is closed when its
+    next request arrives, unanswered: the race an upstream's keep-alive timer wins against a client that picked
+    the connection just before the close reached it (the request is dropped unprocessed, as a real idle close
+    drops it), made to happen on every reused connection at the moment the test chooses.
     ``mode`` for completions on the connection they arrive on: ``ok`` streams 3 tokens; ``close_after_request``
     reads the request and closes without a byte of answer (a server that failed it); ``cut_stream`` sends the
     head and one token, then closes.
     """
 
-    def __init__(self, *, stale_after_s: float | None = None, mode: Mode = "ok") -> None:
-        self.stale_after_s = stale_after_s
+    def __init__(self, *, mode: Mode = "ok") -> None:
+        self.close_idle = threading.Event()
         self.mode = mode
         self.received: Counter[str] = Counter()  # requests read, by method
         self.served = 0  # completions answered in full
@@ -75,7 +76,6 @@ class FakeUpstream:
         with conn:
             buf = b""
             answered = 0
-            idle_since = time.monotonic()
             while True:
                 while b"\r\n\r\n" not in buf:
                     data = conn.recv(65536)
@@ -95,16 +95,14 @@ class FakeUpstream:
                         return
                     buf += data
                 buf = buf[length:]
-                stale = self.stale_after_s is not None and time.monotonic() - idle_since > self.stale_after_s
                 with self._lock:
-                    if answered and stale:
+                    if answered and self.close_idle.is_set():
                         self.stale_closed[method.decode()] += 1
                         return  # closed unanswered: the request is dropped unprocessed
                     self.received[method.decode()] += 1
                 if not self._answer(conn, method, path):
                     return
                 answered += 1
-                idle_since = time.monotonic()
 
     def _answer(self, conn: socket.socket, method: bytes, path: bytes) -> bool:
         """Answer one request; False when the connection is to be closed."""
@@ -168,12 +166,12 @@ def _tokens(text: str) -> str:
 
 
 def test_requests_on_connections_the_upstream_closed_as_idle_are_sent_again_and_counted() -> None:
-    up = FakeUpstream(stale_after_s=0.1)
+    up = FakeUpstream()
     registry = CollectorRegistry()
     try:
         with _proxy(up.url, registry) as url:
             first = asyncio.run(_wave(url, 16))  # opens the proxy's pooled connections
-            time.sleep(0.3)  # every pooled connection is now idle past the upstream's timeout
+            up.close_idle.set()  # from now on the upstream drops the next request on each of them unanswered
             second = asyncio.run(_wave(url, 16))
     finally:
         up.close()
@@ -248,7 +246,8 @@ def test_unreachable_upstream_is_retried_then_503_counted_as_connect() -> None:
 @pytest.mark.timeout(120)
 def test_no_503_against_a_real_uvicorn_closing_idle_connections_under_concurrency() -> None:
     """A real uvicorn upstream whose keep-alive timeout (50 ms) expires while the proxy's clients pause about
-    as long between requests: every request succeeds and the upstream serves each exactly once."""
+    as long between requests: every request succeeds and the upstream serves each exactly once, however often
+    the close races a request (the invariant; the race itself is forced in the test with ``close_idle``)."""
     upstream = ScriptedEngine(ttft_s=0.002, itl_s=0.001)
     up_registry = CollectorRegistry()
     up_app = create_app(upstream, ServeSettings(), registry=up_registry, tracing=Tracing.disabled())
@@ -289,6 +288,7 @@ def test_no_503_against_a_real_uvicorn_closing_idle_connections_under_concurrenc
     ok = {"model_name": "scripted", "priority_class": "interactive", "code": "200"}
     assert up_registry.get_sample_value("loadlens_requests_total", ok) == users * per_user  # none served twice
     assert _counts(registry, "loadlens_proxy_upstream_failures_total", FAILURE_REASONS) == _no_failures()
+    # How often the race happened depends on the scheduler (18 and 63 times in two runs on a 2-core host, 0 in
+    # another): only the invariant is asserted here. The test above makes it happen on every reused connection.
     retries = registry.get_sample_value("loadlens_proxy_upstream_retries_total", {"reason": "stale_connection"})
-    # The race happened (18 and 63 times in two runs on a 2-core host) and every time was absorbed.
-    assert retries is not None and retries > 0
+    assert retries is not None and retries >= 0
