@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -11,27 +10,23 @@ import pytest
 import yaml
 
 from loadlens.alerting.alertmanager import alertmanager_config, config_from_env
+from tests.support import required
 from tests.support.alertmanager import AlertmanagerServer
 from tests.support.paths import ROOT
 
 AM_FILE = ROOT / "alerts" / "alertmanager.yml"
-amtool = shutil.which("amtool")
-needs_amtool = pytest.mark.skipif(amtool is None, reason="amtool missing: apt-get install prometheus-alertmanager")
 
 
 def _amtool(*args: str) -> subprocess.CompletedProcess[str]:
-    assert amtool is not None
-    return subprocess.run([amtool, *args], capture_output=True, text=True, timeout=30)
+    return subprocess.run([required.amtool(), *args], capture_output=True, text=True, timeout=30)
 
 
-@needs_amtool
 def test_check_config() -> None:
     proc = _amtool("check-config", str(AM_FILE))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
 
-@needs_amtool
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
@@ -48,7 +43,6 @@ def test_routes(labels: list[str], receiver: str) -> None:
     assert proc.stdout.strip() == receiver
 
 
-@needs_amtool
 def test_pagerduty_and_slack_from_secret_files(tmp_path: Path) -> None:
     key, url = tmp_path / "pd_key", tmp_path / "slack_url"
     key.write_text("0123456789abcdef0123456789abcdef")

@@ -13,7 +13,6 @@ the same requests, read through the mapping.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from loadlens.codegen import alerts as generate
 from loadlens.contracts.engine_series import BY_VLLM, Dialect
 from loadlens.contracts.ports import SERVE_JOB
 from tests.dashboards import engine_expositions as rec
+from tests.support import required
 from tests.support.paths import ROOT
 
 FIXTURE: dict[Dialect, Path] = {"vllm": rec.VLLM_FILE, "sglang": rec.SGLANG_FILE}
@@ -93,9 +93,7 @@ def test_the_engine_alerts_read_the_series_of_the_mapping() -> None:
 
 @pytest.mark.parametrize("dialect", list(FIXTURE))
 def test_engine_alerts_on_the_recorded_overload(dialect: Dialect, tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool missing: apt-get install prometheus")
+    promtool = required.promtool()
     rules = [str(ROOT / generate.OUT / f) for f in ("loadlens-rules.yaml", "loadlens-alerts.yaml")]
     test = {
         "rule_files": rules,

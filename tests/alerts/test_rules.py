@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,11 @@ import yaml
 from loadlens.alerting.rules import build_groups
 from loadlens.codegen import alerts as generate
 from loadlens.contracts.slo import load_slos
+from tests.support import required
 from tests.support.paths import ROOT
 
 ALERTS = ROOT / generate.OUT
 TESTS = sorted((ALERTS / "tests").glob("*.test.yaml"))
-promtool = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool missing: apt-get install prometheus")
 
 
 def test_generated_files_are_current() -> None:
@@ -26,18 +24,18 @@ def test_generated_files_are_current() -> None:
         assert path.read_text() == text, f"{path.name} is stale: run `make generate`"
 
 
-@needs_promtool
 def test_promtool_check_rules() -> None:
     files = [str(p) for p in sorted(ALERTS.glob("loadlens-*.yaml"))]
-    proc = subprocess.run([promtool, "check", "rules", *files], capture_output=True, text=True, timeout=60)  # type: ignore[list-item]
+    proc = subprocess.run([required.promtool(), "check", "rules", *files], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
 
-@needs_promtool
 @pytest.mark.parametrize("test_file", TESTS, ids=[p.name for p in TESTS])
 def test_promtool_unit_tests(test_file: Path) -> None:
-    proc = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)  # type: ignore[list-item]
+    proc = subprocess.run(
+        [required.promtool(), "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from loadlens.codegen import dashboards as generate
@@ -18,6 +16,7 @@ from loadlens.contracts.slo import load_slos
 from loadlens.dashboards.catalog import dashboards
 from loadlens.dashboards.model import SCHEMA_VERSION, unrated_counters
 from tests.dashboards.support import all_queries, concrete
+from tests.support import required
 from tests.support.paths import ROOT
 
 # Grafana links and bookmarks point at these; changing one breaks them.
@@ -120,9 +119,7 @@ def test_unrated_counter_detection() -> None:
 
 
 def test_every_query_parses(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not found: apt-get install prometheus")
+    promtool = required.promtool()
     queries = all_queries(dashboards())
     rules = [{"record": f"dashboard:query_{i}:check", "expr": concrete(expr)} for i, (_, expr) in enumerate(queries)]
     path = tmp_path / "rules.yaml"

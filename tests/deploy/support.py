@@ -8,10 +8,12 @@ from typing import Any
 
 import yaml
 
+from tests.support import required
 from tests.support.paths import ROOT
 
 SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
-# Why a schema check skips: the upstream JSON Schemas are not checked into this repository.
+# Why a schema check cannot run (a skip on a laptop, a failure under CI): the upstream JSON Schemas are not
+# checked into this repository.
 SCHEMAS_MISSING = (
     "the upstream JSON Schemas are kept in ../shared/schemas/ beside this checkout, as CI has them; "
     "without them this check cannot run"
@@ -120,18 +122,9 @@ def kubectl() -> str:
     Outside CI a missing binary skips the rendering tests; under CI (CI set) it fails them, so a broken
     set-up can never pass silently.
     """
-    import os
-    import shutil
-
-    import pytest
-
-    found = str(KUBECTL) if KUBECTL.is_file() else shutil.which("kubectl")
-    if found is None:
-        message = "kubectl not installed: run scripts/k8s-tools.sh (make test does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    if KUBECTL.is_file():
+        return str(KUBECTL)
+    return required.require_binary("kubectl", how="run scripts/k8s-tools.sh (make test does)")
 
 
 _RENDERED: dict[str, list[dict[str, Any]]] = {}

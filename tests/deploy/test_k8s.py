@@ -30,7 +30,7 @@ from tests.deploy.support import (
     render,
     workloads,
 )
-from tests.support import kube
+from tests.support import kube, required
 
 LOADLENS_IMAGE = "loadlens:0.1.0"
 CRD_SCHEMAS = {
@@ -108,7 +108,7 @@ def test_base_and_overlays_render() -> None:
 
 
 def test_core_objects_validate_against_the_kubernetes_schemas(objects: list[dict[str, Any]]) -> None:
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]'")
+    kubernetes_validate = required.require_module("kubernetes_validate")
     checked = 0
     for obj in objects:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -124,8 +124,8 @@ def test_core_objects_validate_against_the_kubernetes_schemas(objects: list[dict
 def _crd_validator(schema_file: str) -> Any:
     path = SCHEMAS / schema_file
     if not path.exists():
-        pytest.skip(f"CRD schema not found at {path} ({SCHEMAS_MISSING})")
-    jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[dev]'")
+        required.unavailable(f"CRD schema not found at {path} ({SCHEMAS_MISSING})")
+    jsonschema = required.require_module("jsonschema")
     schema = json.loads(path.read_text())
     return jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)(schema)
 
@@ -508,12 +508,7 @@ def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
 
 
 def _tool(name: str) -> str:
-    import shutil
-
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(f"{name} not installed (make system-deps)")
-    return found
+    return required.require_binary(name, how="make system-deps")
 
 
 def test_alertmanager_config_routes_exactly_like_alerts_alertmanager_yml(tmp_path: Path) -> None:

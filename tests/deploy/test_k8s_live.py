@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.support import K8S, kubectl, load_documents, render
-from tests.support import kube, netns
+from tests.support import kube, netns, required
 
 ADMIN_TOKEN = "drill-admin-token"
 LOADLENS_JOBS = {"loadlens-serve", "loadlens-gpu", "loadlens-pager", "loadlens-loadgen"}
@@ -44,9 +44,7 @@ def _render_with_fire_drill(tmp_path: Path) -> list[dict[str, Any]]:
 def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path: Path) -> None:
     reason = kube.available()
     if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot emulate the cluster: {reason}")
-        pytest.skip(reason)
+        required.unavailable(f"cannot emulate the cluster: {reason}")
     objects = _render_with_fire_drill(tmp_path)
     secrets = {"loadlens-admin": {"token": ADMIN_TOKEN}}
     with kube.run_overlay(objects, tmp_path / "run", secrets=secrets) as cluster:
@@ -148,9 +146,7 @@ def test_gpu_overlay_serves_through_the_proxy_and_scrapes_vllm_into_the_serving_
     reports NVML down."""
     reason = kube.available()
     if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot emulate the cluster: {reason}")
-        pytest.skip(reason)
+        required.unavailable(f"cannot emulate the cluster: {reason}")
     objects = render("overlays/gpu")
     serve = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "loadlens-serve")
     vllm = next(c for c in serve["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
-import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.gpu.exposition import text_exposition
 from tests.gpu.golden import DOCUMENT, GOLDEN, document_json, golden_exporter, render
+from tests.support import required
 
 # dcgm-exporter's own label names (modelName, UUID) break Prometheus conventions; --dcgm-compat copies them on
 # purpose, so promtool's complaints about these families are expected (node_exporter's checkmetrics.sh keeps
@@ -27,9 +26,7 @@ def test_document_fixture_is_current() -> None:
 
 
 def test_promtool_check_metrics() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not found: apt-get install prometheus")
+    promtool = required.promtool()
     proc = subprocess.run(
         [promtool, "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True, timeout=30, check=False
     )

@@ -8,15 +8,14 @@ hardware. These captures are that hardware's word.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gpu.golden import GOLDEN
 from tests.gpu.test_gpu_golden import LINT_EXCLUDED_PREFIXES
+from tests.support import required
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200"
 FILES = ("exporter-default.prom", "exporter-optin.prom", "torch-allocator.prom")
@@ -74,9 +73,7 @@ def test_every_sim_family_is_named_and_labelled_as_on_the_real_gpu() -> None:
 
 
 def test_captures_pass_promtool_check_metrics() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not found: apt-get install prometheus")
+    promtool = required.promtool()
     for name in FILES:
         proc = subprocess.run(
             [promtool, "check", "metrics"], input=(CAPTURES / name).read_bytes(), capture_output=True, timeout=30

@@ -20,11 +20,6 @@ from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 
-try:
-    from exporters.serving.engines.sim import SimEngine  # noqa: F401
-except ImportError:
-    pytest.skip("exporters.serving.engines.sim is not importable", allow_module_level=True)
-
 
 @pytest.fixture
 def small_sim() -> Iterator[str]:

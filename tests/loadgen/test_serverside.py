@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loadgen.serverside import QUERIES, figures_for_stages
+from tests.support import required
 from tests.support.server import free_port, serve_app
 
 
@@ -95,9 +95,7 @@ def test_unreachable_prometheus_is_reported_not_raised() -> None:
 
 
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (apt-get install prometheus)")
+    promtool = required.promtool()
     rules = [
         {
             "record": f"loadlens:check_{name}_{i}",

@@ -21,11 +21,6 @@ from tests.loadgen.conftest import ROOT, loadlens, result_of, run_child, write_p
 
 pytestmark = pytest.mark.slow
 
-try:
-    from exporters.serving.engines.sim import SimEngine  # noqa: F401
-except ImportError:  # the simulator is written in parallel; the ScriptedEngine tests cover the rest
-    pytest.skip("exporters.serving.engines.sim is not importable yet", allow_module_level=True)
-
 
 @pytest.fixture
 def sim_server() -> Iterator[str]:

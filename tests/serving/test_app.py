@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.serving.conftest import Served
+from tests.support import required
 from tests.support.server import raw_stream
 
 ADMIN = {"Authorization": "Bearer s3cret"}
@@ -81,7 +82,7 @@ def test_completions_stream_and_whole(served: Served) -> None:
 
 
 def test_openai_client_streams_and_not(served: Served) -> None:
-    openai = pytest.importorskip("openai")
+    openai = required.require_module("openai")
     client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused")
     done = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert done.choices[0].message.content == "t1 t2 t3 t4 "

@@ -18,6 +18,7 @@ from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
 from exporters.serving.tracing import Tracing
 from tests.serving.fakes import ScriptedEngine
+from tests.support import required
 from tests.support.server import free_port, raw_stream, serve_app
 
 CHAT = "/v1/chat/completions"
@@ -77,7 +78,7 @@ def test_non_stream_through_proxy_and_openai_client(chain: Chain) -> None:
     body = httpx.post(chain.proxy_url + CHAT, json=_chat(max_tokens=3)).json()
     assert body["choices"][0]["message"]["content"] == "t1 t2 t3 "
     assert body["usage"]["completion_tokens"] == 3
-    openai = pytest.importorskip("openai")
+    openai = required.require_module("openai")
     client = openai.OpenAI(base_url=chain.proxy_url + "/v1", api_key="x")
     stream = client.completions.create(model="scripted", prompt="a b", max_tokens=2, stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices) == "t1 t2 "

@@ -16,6 +16,7 @@ from benchmarks.reliability import fuzz
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.tracing import Tracing
+from tests.support import required
 from tests.support.server import serve_app
 
 QUICK_EXAMPLES = 5
@@ -97,7 +98,7 @@ def test_request_schema_states_vllm_bounds(document: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_schemathesis_finds_no_5xx_and_no_schema_violation(sim: SimServer) -> None:
-    pytest.importorskip("schemathesis")
+    required.require_module("schemathesis")
     result = fuzz(sim.url, examples=QUICK_EXAMPLES, seed=1, timeout_s=300)
     assert result.errors == []
     assert result.failures == [], result.output

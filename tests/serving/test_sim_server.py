@@ -16,6 +16,7 @@ from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.tracing import Tracing
 from loadlens.contracts.device_state import DEVICE_STATE_VERSION, DeviceState
+from tests.support import required
 from tests.support.server import raw_stream, serve_app
 
 ADMIN = {"Authorization": "Bearer t"}
@@ -55,7 +56,7 @@ def sim(tmp_path: Path) -> Iterator[Sim]:
 
 
 def test_openai_client_against_the_sim(sim: Sim) -> None:
-    openai = pytest.importorskip("openai")
+    openai = required.require_module("openai")
     client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x")
     done = client.chat.completions.create(
         model="tiny",
@@ -163,7 +164,7 @@ def test_device_state_document_validates(sim: Sim) -> None:
 
 
 def test_responses_api_whole_and_streamed(sim: Sim) -> None:
-    openai = pytest.importorskip("openai")
+    openai = required.require_module("openai")
     client = openai.OpenAI(base_url=sim.url + "/v1", api_key="x")
     whole = client.responses.create(
         model="tiny", input="Say hello", instructions="be brief", max_output_tokens=4, extra_body={"ignore_eos": True}

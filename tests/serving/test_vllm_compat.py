@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from loadlens.util.child import http_child
 from loadlens.util.net import free_port
+from tests.support import required
 from tests.support.prometheus import PrometheusServer, require_prometheus
 
 MODEL = "tiny"
@@ -116,9 +116,7 @@ def test_vllm_example_dashboard_queries_return_data(sim_server: str, tmp_path: P
 
 
 def test_exposition_passes_promtool_check_metrics(sim_server: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool missing: apt-get install prometheus")
+    promtool = required.promtool()
     asyncio.run(_traffic(sim_server, 1))
     text = httpx.get(sim_server + "/metrics").text
     proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)

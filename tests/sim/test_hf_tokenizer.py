@@ -13,8 +13,9 @@ from exporters.serving.engines.sim import load_model_profile
 from exporters.serving.engines.sim.hf_tokenizer import UNKNOWN, write_tokenizer
 from exporters.serving.engines.sim.tokenizer import count_tokens, make_words
 from exporters.serving.protocol import parse_request
+from tests.support import required
 
-tokenizers = pytest.importorskip("tokenizers")
+tokenizers = required.require_module("tokenizers")
 
 VARIED = [
     "",
@@ -95,7 +96,7 @@ def test_unknown_chunks_decode_to_a_one_token_stand_in(fast: Any) -> None:
 def test_transformers_loads_it_offline_with_chat_template(
     tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = required.require_module("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     assert "regex" not in capsys.readouterr().err  # no Mistral-regex warning

@@ -4,7 +4,6 @@ storage, gossip off, torn down after. Skips with the install command when the bi
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import time
@@ -14,17 +13,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import pytest
 import yaml
 
 from loadlens.util.net import free_port
+from tests.support import required
 
 
 def require_alertmanager() -> str:
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
-        pytest.skip("alertmanager not found: apt-get install prometheus-alertmanager")
-    return binary
+    return required.require_binary(
+        "prometheus-alertmanager", "alertmanager", how="apt-get install prometheus-alertmanager (make system-deps)"
+    )
 
 
 class AlertmanagerServer:

@@ -5,7 +5,7 @@ Reusable by any test that needs to check what Prometheus actually scrapes::
     from tests.support.prometheus import PrometheusServer, require_prometheus
 
     def test_scraped(tmp_path):
-        require_prometheus()                     # skips with a reason when the binary is missing
+        require_prometheus()                     # skips (fails under CI) when the binary is missing
         with PrometheusServer(tmp_path, targets={"gpu": ["127.0.0.1:9400"]}) as prom:
             prom.wait_for_up("gpu")
             value = prom.wait_for_value('loadlens_gpu_nvml_up{job="gpu"}')
@@ -32,10 +32,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import pytest
 import yaml
 
 from loadlens.util.net import free_port
+from tests.support import required
 
 ENV_BINARY = "LOADLENS_PROMETHEUS"
 
@@ -54,11 +54,10 @@ def prometheus_binary() -> str | None:
 
 
 def require_prometheus() -> str:
-    """The binary's path, or skip the calling test saying how to get it."""
-    binary = prometheus_binary()
-    if binary is None:
-        pytest.skip("prometheus binary not found: apt-get install prometheus (or set LOADLENS_PROMETHEUS)")
-    return binary
+    """The binary's path; else the calling test skips saying how to get it (fails under CI: support/required.py)."""
+    return required.require_binary(
+        "prometheus", how="apt-get install prometheus (make system-deps), or set LOADLENS_PROMETHEUS", env=ENV_BINARY
+    )
 
 
 class PrometheusError(RuntimeError):
@@ -217,11 +216,9 @@ class PrometheusServer:
 @contextmanager
 def prometheus_on_openmetrics(work: Path, text: str) -> Iterator[PrometheusServer]:
     """A Prometheus serving a recorded OpenMetrics text (samples with timestamps) as its TSDB, through
-    ``promtool tsdb create-blocks-from openmetrics``; skips without prometheus or promtool."""
+    ``promtool tsdb create-blocks-from openmetrics``; skips (fails under CI) without prometheus or promtool."""
     require_prometheus()
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not found: apt-get install prometheus")
+    promtool = required.promtool()
     work.mkdir(parents=True, exist_ok=True)
     recording = work / "recording.om"
     recording.write_text(text)

@@ -6,15 +6,17 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
+from tests.support import required
 
-from transformers import Trainer, TrainingArguments
+required.require_module("transformers")  # the training extra (make venv installs it)
+required.require_module("peft")
 
-from exporters.training.callback import LoadlensCallback
-from exporters.training.hook import TrainingTelemetry
-from exporters.training.maths import CheckpointPolicy
-from exporters.training.tiny import synthetic_examples, tiny_lora_model
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+from exporters.training.callback import LoadlensCallback  # noqa: E402
+from exporters.training.hook import TrainingTelemetry  # noqa: E402
+from exporters.training.maths import CheckpointPolicy  # noqa: E402
+from exporters.training.tiny import synthetic_examples, tiny_lora_model  # noqa: E402
 
 
 def _train(tmp_path: Path, threshold: float, steps: int = 12) -> tuple[LoadlensCallback, Trainer]:
