@@ -10,12 +10,13 @@ PYTEST_WORKERS ?= 2
 # Where no local CPU wheel is on pip's path, point pip at one: TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test lint typecheck bench reliability gpu-check gpu-check-run gpu-check-wheels fixtures generate clean
+.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test test-fast lint typecheck bench reliability gpu-check gpu-check-run gpu-check-wheels fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
 	@echo "make train-demo - LoRA fine-tuning on CPU watched by the local stack; a learning-rate spike pages"
 	@echo "make test   - lint, type-check and run the whole test suite"
+	@echo "make test-fast - the edit loop: lint and the tests not marked slow or serial (no real servers), on two workers"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
 	@echo "make reliability - the reliability drills: disconnect storms, 10x overload, OTLP endpoint down (direct and via the proxy)"
 	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, and the allocator probe with LoRA (needs torch)"
@@ -64,6 +65,12 @@ test: venv system-deps k8s-tools
 	@# Exit 5 is pytest's "no test selected": a PYTEST_ARGS filter may leave one phase empty.
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m 'not serial' --durations=25 $(PYTEST_ARGS) || test $$? -eq 5
 	$(VENV)/bin/pytest -m serial --durations=10 $(PYTEST_ARGS) || test $$? -eq 5
+
+# The edit loop: ruff, then every test not marked slow (real servers, Prometheus, child processes) or serial
+# (wall-clock bounds). make test remains the gate: it runs all of them.
+test-fast: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q -m 'not slow and not serial' $(PYTEST_ARGS) || test $$? -eq 5
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -16,6 +16,8 @@ import pytest
 from loadlens.contracts.ports import PORTS
 from tests.support import compose_run, netns, required
 
+pytestmark = pytest.mark.slow  # whole emulated stacks in network namespaces: tens of seconds each
+
 JOBS = {p.job for p in PORTS if p.job is not None}
 # What `LOADLENS_SIM_FAULTS=xid:0:79@30 docker compose --profile sim up` would be given.
 ENV = {"LOADLENS_SIM_FAULTS": "xid:0:79@30", "GF_ADMIN_PASSWORD": "unused-here"}

@@ -20,6 +20,8 @@ import pytest
 from tests.deploy.support import K8S, kubectl, load_documents, render
 from tests.support import kube, netns, required
 
+pytestmark = pytest.mark.slow  # whole emulated clusters in network namespaces: tens of seconds each
+
 ADMIN_TOKEN = "drill-admin-token"
 LOADLENS_JOBS = {"loadlens-serve", "loadlens-gpu", "loadlens-pager", "loadlens-loadgen"}
 # fire-drill injects the XID 60 s after the GPU exporter starts; then a scrape (5 s), an evaluation, the

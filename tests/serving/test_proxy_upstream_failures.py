@@ -27,6 +27,8 @@ from exporters.serving.tracing import Tracing
 from tests.serving.fakes import ScriptedEngine
 from tests.support.server import free_port, serve_app
 
+pytestmark = pytest.mark.slow  # real sockets, a uvicorn each and hundreds of requests: seconds each
+
 COMPLETIONS = "/v1/completions"
 BODY = {"model": "fake", "prompt": "hello", "max_tokens": 3, "stream": True}
 Mode = Literal["ok", "close_after_request", "cut_stream"]
