@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.tracing import Tracing
 from tests.serving.fakes import ScriptedEngine
 from tests.support.server import free_port, raw_stream, serve_app
@@ -180,7 +180,7 @@ def test_proxy_rejects_bad_upstream_url() -> None:
 
 def test_upstream_error_translation() -> None:
     from exporters.serving.engine import ErrorKind
-    from exporters.serving.engines.openai_proxy import upstream_error
+    from exporters.serving.engines.openai.engine import upstream_error
 
     body = b'{"error": {"message": "too long", "type": "BadRequestError", "param": "max_tokens", "code": 400}}'
     err = upstream_error("http://u:1", 400, raw=body)
@@ -229,7 +229,7 @@ OTHER = [  # chunks only the JSON path reads
 
 def _proxy_stream(endpoint: str, stream_options: dict[str, bool], client_streams: bool) -> Any:
     from exporters.serving.engine import GenerationRequest, SamplingParams
-    from exporters.serving.engines.openai_proxy import _ProxyStream
+    from exporters.serving.engines.openai.engine import _ProxyStream
 
     class _Response:
         content = None

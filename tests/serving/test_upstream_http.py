@@ -1,4 +1,4 @@
-"""The proxy's streaming HTTP/1.1 client (exporters/serving/engines/upstream_http.py): chunked decoding from
+"""The proxy's streaming HTTP/1.1 client (exporters/serving/engines/openai/upstream_http.py): chunked decoding from
 any split of the bytes, one consumer call per read, keep-alive reuse and expiry, the pool bound, and failures
 typed by when they happened, which decides whether the proxy may send a request again."""
 
@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.engine import GenerationRequest, OutputEvent, SamplingParams
-from exporters.serving.engines import upstream_http
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine, _ProxyStream, failure_reason, retry_reason
-from exporters.serving.engines.upstream_http import (
+from exporters.serving.engines.openai import upstream_http
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine, _ProxyStream, failure_reason, retry_reason
+from exporters.serving.engines.openai.upstream_http import (
     BrokenBody,
     ClosedBeforeAnswer,
     ConnectFailed,

@@ -11,7 +11,7 @@ measures from those bytes and forwards them.
   beyond it waits, first come first served, for a connection to come back or a slot to free. Idle
   connections are reused most recent first and closed after ``keepalive_s``.
 - Failures are typed by when they happened, which is what the proxy's retry rules need
-  (``openai_proxy.retry_reason``): :class:`ConnectFailed` (no connection: nothing was sent),
+  (``engine.retry_reason``): :class:`ConnectFailed` (no connection: nothing was sent),
   :class:`ClosedBeforeAnswer` (closed or reset before a complete response head; ``reused`` and whether
   ``partial`` response bytes came), :class:`NoAnswerInTime`, :class:`InvalidResponse`. Each carries
   ``reused``: whether the try ran on a pooled connection.

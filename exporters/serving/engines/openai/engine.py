@@ -48,8 +48,8 @@ from exporters.serving.engine import (
     RequestStream,
     RequestTiming,
 )
-from exporters.serving.engines import upstream_http, upstream_kinds
-from exporters.serving.swap_windows import SwapWindows, progress_marks
+from exporters.serving.engines.openai import upstream_http, upstream_kinds
+from exporters.serving.engines.openai.swap_windows import SwapWindows, progress_marks
 from loadlens.util import sse
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
