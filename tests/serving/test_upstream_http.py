@@ -1,4 +1,4 @@
-"""The proxy's streaming HTTP/1.1 client (exporters/serving/engines/openai/upstream_http.py): chunked decoding from
+"""The proxy's streaming HTTP/1.1 client (exporters/serving/engines/openai/upstream_*.py): chunked decoding from
 any split of the bytes, one consumer call per read, keep-alive reuse and expiry, the pool bound, and failures
 typed by when they happened, which decides whether the proxy may send a request again."""
 
@@ -15,15 +15,16 @@ from prometheus_client import CollectorRegistry
 from exporters.serving.engine import GenerationRequest, OutputEvent, SamplingParams
 from exporters.serving.engines.openai import upstream_http
 from exporters.serving.engines.openai.engine import OpenAIProxyEngine, _ProxyStream, failure_reason, retry_reason
+from exporters.serving.engines.openai.upstream_connection import Connection
 from exporters.serving.engines.openai.upstream_http import (
     BrokenBody,
     ClosedBeforeAnswer,
     ConnectFailed,
-    ConnectionPool,
     InvalidResponse,
     NoAnswerInTime,
     Response,
 )
+from exporters.serving.engines.openai.upstream_pool import ConnectionPool
 from loadlens.util.net import free_port
 
 PAYLOADS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"bc"}]}\n\n', b"data: [DONE]\n\n"]
@@ -90,7 +91,7 @@ def test_chunked_body_decoded_from_every_split_of_the_bytes() -> None:
         splits = [[RESPONSE[:i], RESPONSE[i:]] for i in range(1, len(RESPONSE))]
         splits.append([RESPONSE[i : i + 1] for i in range(len(RESPONSE))])
         for reads in splits:
-            conn = upstream_http._Connection(pool)
+            conn = Connection(pool)
             transport = _Transport()
             conn.connection_made(transport)  # type: ignore[arg-type]
             pool.open += 1
@@ -117,7 +118,7 @@ def test_chunked_body_decoded_from_every_split_of_the_bytes() -> None:
 def test_one_consumer_call_per_read_with_all_of_its_chunks() -> None:
     async def run() -> None:
         pool = ConnectionPool("127.0.0.1", 1, limit=0, connect_timeout_s=1, read_timeout_s=60, keepalive_s=60)
-        conn = upstream_http._Connection(pool)
+        conn = Connection(pool)
         conn.connection_made(_Transport())  # type: ignore[arg-type]
         exchange = asyncio.ensure_future(conn.exchange(REQUEST, reused=True))
         await asyncio.sleep(0)

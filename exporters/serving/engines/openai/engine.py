@@ -50,6 +50,7 @@ from exporters.serving.engine import (
 )
 from exporters.serving.engines.openai import upstream_http, upstream_kinds
 from exporters.serving.engines.openai.swap_windows import SwapWindows, progress_marks
+from exporters.serving.engines.openai.upstream_pool import ConnectionPool
 from loadlens.util import sse
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -712,7 +713,7 @@ class OpenAIProxyEngine(Engine):
     length source; ``auto`` detects it from the upstream's own answers (:meth:`_detect`)."""
 
     name = "openai"
-    _pool: upstream_http.ConnectionPool | None = None
+    _pool: ConnectionPool | None = None
 
     def __init__(
         self,
@@ -781,7 +782,7 @@ class OpenAIProxyEngine(Engine):
         # Generation requests, streamed: their own pool on bare protocols (upstream_http), cheap per chunk.
         url = urlsplit(self.upstream)
         https = url.scheme == "https"
-        self._pool = upstream_http.ConnectionPool(
+        self._pool = ConnectionPool(
             url.hostname or "",
             url.port or (443 if https else 80),
             limit=self.max_connections,
