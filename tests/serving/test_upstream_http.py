@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry
 
 from exporters.serving.engine import GenerationRequest, OutputEvent, SamplingParams
 from exporters.serving.engines.openai import upstream_http
-from exporters.serving.engines.openai.engine import OpenAIProxyEngine, _ProxyStream, failure_reason, retry_reason
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
+from exporters.serving.engines.openai.errors import failure_reason, retry_reason
+from exporters.serving.engines.openai.stream import ProxyStream
 from exporters.serving.engines.openai.upstream_connection import Connection
 from exporters.serving.engines.openai.upstream_http import (
     BrokenBody,
@@ -383,7 +385,7 @@ def test_connect_refused_and_invalid_responses() -> None:
 
 
 class _FakeResponse:
-    """What a _ProxyStream needs of its upstream response."""
+    """What a ProxyStream needs of its upstream response."""
 
     def __init__(self) -> None:
         self.paused = False
@@ -417,7 +419,7 @@ def test_the_stream_hands_events_to_the_sink_only_while_its_consumer_waits() -> 
             sampling=SamplingParams(max_tokens=8), arrival_time=0.0, body={}, stream_requested=True,
         )  # fmt: skip
         response = _FakeResponse()
-        stream = _ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
+        stream = ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
         taken: list[bytes | None] = []
         accept = [True]
 
@@ -446,7 +448,7 @@ def test_the_stream_hands_events_to_the_sink_only_while_its_consumer_waits() -> 
         with pytest.raises(StopAsyncIteration):
             await consumer
         assert taken == [_content("b"), _content("e")]
-        assert (stream._output_tokens, response.released, response.closed) == (5, False, True)  # no finish seen
+        assert (stream._frames.output_tokens, response.released, response.closed) == (5, False, True)  # no finish seen
 
     asyncio.run(run())
 
@@ -458,7 +460,7 @@ def test_a_bug_in_reading_a_chunk_reaches_the_consumer_not_the_socket_callback()
             sampling=SamplingParams(max_tokens=8), arrival_time=0.0, body={}, stream_requested=True,
         )  # fmt: skip
         response = _FakeResponse()
-        stream = _ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
+        stream = ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
 
         def bug(data: bytes) -> None:
             raise RuntimeError("a bug in _feed")
