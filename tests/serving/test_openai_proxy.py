@@ -172,6 +172,15 @@ def test_upstream_status_whose_body_is_cut_off_is_forwarded_not_a_500() -> None:
         thread.join(timeout=5)
 
 
+def test_the_proxy_answers_501_for_the_responses_api(chain: Chain) -> None:
+    """The proxy declares it cannot serve /v1/responses (it forwards chat and completions verbatim); the
+    upstream is never asked."""
+    r = httpx.post(chain.proxy_url + "/v1/responses", json={"model": "scripted", "input": "hi"})
+    assert r.status_code == 501
+    assert r.json()["error"]["message"] == "the openai engine does not serve /v1/responses; call the upstream's own"
+    assert chain.upstream.last_request is None
+
+
 def test_proxy_rejects_bad_upstream_url() -> None:
     with pytest.raises(ValueError, match="http"):
         OpenAIProxyEngine("ftp://example")

@@ -91,6 +91,7 @@ class OpenAIProxyEngine(Engine):
     length source; ``auto`` detects it from the upstream's own answers (:meth:`_detect`)."""
 
     name = "openai"
+    supports_responses_api = False  # chat and completions are forwarded verbatim; nothing translates /v1/responses
     _pool: ConnectionPool | None = None
 
     def __init__(
