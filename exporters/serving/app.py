@@ -340,9 +340,11 @@ def create_app(
 
     @app.post("/v1/responses", **ROUTE_DOCS["POST /v1/responses"])
     async def responses(request: Request) -> Response:
-        if engine.name == "openai":
-            # The proxy forwards chat and completions verbatim; it does not translate the Responses API.
-            return error_response(501, "the openai engine does not serve /v1/responses; call the upstream's own")
+        if not engine.supports_responses_api:
+            # A forwarding engine (the proxy) passes chat and completions on verbatim; it does not translate
+            # the Responses API.
+            detail = f"the {engine.name} engine does not serve /v1/responses; call the upstream's own"
+            return error_response(501, detail)
         return await _generate(state, request, "chat", parse_responses_request, ResponsesAPIResponse)
 
     @app.get("/v1/models", **ROUTE_DOCS["GET /v1/models"])

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporters.serving.engines.upstream_kinds import KINDS as UPSTREAM_KINDS
+from exporters.serving.engines.openai.upstream_kinds import KINDS as UPSTREAM_KINDS
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
 
 DEFAULT_PORT = 8000
@@ -130,7 +130,7 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
     from exporters.serving.engine import EngineError
 
     if args.engine == "openai":
-        from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+        from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 
         if not args.upstream:
             raise UsageError("--engine openai needs --upstream URL (or LOADLENS_UPSTREAM)")
@@ -151,7 +151,7 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
         if args.upstream_probe_dir is not None:
             if args.upstream_probe_dir.exists() and not args.upstream_probe_dir.is_dir():
                 raise UsageError(f"--upstream-probe-dir {args.upstream_probe_dir} is not a directory")
-            from exporters.serving.probe_swap_feed import ProbeSwapFeed
+            from exporters.serving.engines.openai.probe_swap_feed import ProbeSwapFeed
 
             ProbeSwapFeed(
                 args.upstream_probe_dir, engine.swap_windows, registry=registry, hostname=args.upstream_probe_hostname

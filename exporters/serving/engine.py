@@ -209,6 +209,11 @@ class Engine(abc.ABC):
     name: str
     """Short engine name, used as the ``gen_ai.provider.name`` and log field."""
 
+    supports_responses_api: bool = True
+    """Whether the HTTP layer may run ``POST /v1/responses`` on this engine as a chat generation. False for an
+    engine that forwards chat and completions verbatim to a server of its own (the proxy): it cannot translate
+    the Responses API, and the route answers 501."""
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Start background work (scheduler loop, connection pool). Called once before serving."""

@@ -448,6 +448,7 @@ def test_device_state_bad_query_is_400(served: Served) -> None:
 
 def test_responses_api_through_a_proxy_engine_is_501(served: Served) -> None:
     served.engine.name = "openai"
+    served.engine.supports_responses_api = False  # what the proxy engine declares (the HTTP layer asks no name)
     r = httpx.post(served.url + "/v1/responses", json={"input": "hi"})
     assert r.status_code == 501
     err = r.json()["error"]

@@ -21,7 +21,7 @@ from exporters.serving import direct_body, streaming
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.direct_body import SERVER_SEND, DirectBody
 from exporters.serving.engine import FinishReason, OutputEvent, RequestTiming
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.http_metrics import HttpMetricsMiddleware
 from exporters.serving.lifecycle import RequestLifecycle

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.http_metrics import DURATION_BUCKETS, DURATION_HIGHR_BUCKETS
 from exporters.serving.tracing import Tracing

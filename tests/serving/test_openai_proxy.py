@@ -8,14 +8,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.tracing import Tracing
 from tests.serving.fakes import ScriptedEngine
 from tests.support import required
@@ -174,6 +173,15 @@ def test_upstream_status_whose_body_is_cut_off_is_forwarded_not_a_500() -> None:
         thread.join(timeout=5)
 
 
+def test_the_proxy_answers_501_for_the_responses_api(chain: Chain) -> None:
+    """The proxy declares it cannot serve /v1/responses (it forwards chat and completions verbatim); the
+    upstream is never asked."""
+    r = httpx.post(chain.proxy_url + "/v1/responses", json={"model": "scripted", "input": "hi"})
+    assert r.status_code == 501
+    assert r.json()["error"]["message"] == "the openai engine does not serve /v1/responses; call the upstream's own"
+    assert chain.upstream.last_request is None
+
+
 def test_proxy_rejects_bad_upstream_url() -> None:
     with pytest.raises(ValueError, match="http"):
         OpenAIProxyEngine("ftp://example")
@@ -181,7 +189,7 @@ def test_proxy_rejects_bad_upstream_url() -> None:
 
 def test_upstream_error_translation() -> None:
     from exporters.serving.engine import ErrorKind
-    from exporters.serving.engines.openai_proxy import upstream_error
+    from exporters.serving.engines.openai.errors import upstream_error
 
     body = b'{"error": {"message": "too long", "type": "BadRequestError", "param": "max_tokens", "code": 400}}'
     err = upstream_error("http://u:1", 400, raw=body)
@@ -208,120 +216,6 @@ def test_upstream_error_translation() -> None:
         "upstream stream broke: reset",
         None,
     )
-
-
-PLAIN = [  # chunks the byte-level path reads; the JSON path reads the same fields from them
-    b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-    b'"logprobs":null,"finish_reason":null}]}',
-    b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t1 "},'
-    b'"logprobs":null,"finish_reason":null}]}',
-    b'{"id":"c","choices":[{"index":0,"delta":{"content":"say \\"hi\\" caf\\u00e9\\n"},"finish_reason":null}],'
-    b'"usage":null}',
-    b'{"id":"c","choices":[{"index":0,"delta":{"content":""}}]}',
-    b'{"id":"c","choices":[{"index":0,"delta":{"content":null,"reasoning_content":"hmm"}}]}',
-    b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":5}}',
-]
-OTHER = [  # chunks only the JSON path reads
-    b'{"id":"c","choices":[{"index":0,"delta":{"content":"y"},"finish_reason":"length","stop_reason":null}]}',
-    b'{"id":"c", "choices": [{"index": 0, "delta": {"content": "spaced"}}]}',
-    b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}',
-]
-
-
-def _proxy_stream(endpoint: str, stream_options: dict[str, bool], client_streams: bool) -> Any:
-    from exporters.serving.engine import GenerationRequest, SamplingParams
-    from exporters.serving.engines.openai_proxy import _ProxyStream
-
-    class _Response:
-        content = None
-
-    request = GenerationRequest(
-        request_id="r",
-        endpoint=endpoint,  # type: ignore[arg-type]
-        model="m",
-        prompt="p",
-        image_count=0,
-        sampling=SamplingParams(max_tokens=8),
-        arrival_time=0.0,
-        body={"stream_options": stream_options},
-        stream_requested=client_streams,
-    )
-    return _ProxyStream(_Response(), request, "http://u:1")  # type: ignore[arg-type]
-
-
-def _frames(*payloads: bytes) -> bytes:
-    return b"".join(b"data: " + p + b"\n\n" for p in payloads)
-
-
-def _summary(event: Any) -> tuple[object, ...]:
-    return (event.text, event.new_tokens, event.prompt_tokens, event.output_tokens, event.finish_reason)
-
-
-@pytest.mark.parametrize("client_streams", [True, False])
-@pytest.mark.parametrize("options", [{}, {"include_usage": True, "continuous_usage_stats": True}])
-def test_byte_level_chunk_reading_matches_json(client_streams: bool, options: dict[str, bool]) -> None:
-    def events(fast: bool) -> list[object]:
-        stream = _proxy_stream("chat", options, client_streams)
-        if not fast:
-            stream._fast = lambda payload: None
-        out = [stream._feed(_frames(p)) for p in PLAIN + OTHER]
-        return [None if e is None else _summary(e) for e in out] + [e.wire_frames for e in out if e is not None]
-
-    with_fast, json_only = events(True), events(False)
-    assert with_fast == json_only
-    keep = bool(options)
-    # (text, new tokens, prompt, output, finish) per chunk; None: nothing to send and no count changed.
-    # The role chunk carries no token, content one each, reasoning one, a usage-carrying chunk what its
-    # usage adds (counted also when not asked for; then stripped from the forwarded chunk).
-    texts = ["", "t1 ", 'say "hi" caf\u00e9\n', "", "", "x", "y", "spaced", ""]
-    counts = [(0, 0, 0), (1, 0, 1), (1, 0, 2), (0, 0, 2), (1, 0, 3), (2, 3, 5), (1, 3, 6), (1, 3, 7), (0, 3, 7)]
-    finish = [None] * 6 + ["length", None, None]
-    expected: list[object] = [
-        (texts[i] if not client_streams else "", *counts[i], finish[i]) for i in range(len(counts))
-    ]
-    if client_streams:
-        expected[8] = expected[8] if keep else None  # the usage-only chunk: sent only when asked for
-    else:
-        expected[0] = expected[3] = expected[8] = None
-    assert with_fast[: len(counts)] == expected
-    probe = _proxy_stream("chat", options, client_streams)
-    read_by_bytes = [probe._fast(p) is not None for p in PLAIN + OTHER]
-    assert read_by_bytes == [True, True, True, True, True, keep, False, False, False]
-    wires = with_fast[len(counts) :]
-    if not client_streams:
-        assert wires == [None] * len(wires)
-        return
-    assert wires[:5] == [_frames(p) for p in PLAIN[:5]]  # forwarded byte for byte
-    stripped = b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}]}'
-    assert wires[5] == _frames(PLAIN[5] if keep else stripped)
-    assert wires[6] == _frames(OTHER[0])
-    assert wires[7] == _frames(OTHER[1])
-    assert len(wires) == (9 if keep else 8)  # the usage-only chunk only when asked for
-    if keep:
-        assert wires[8] == _frames(OTHER[2])
-
-
-def test_one_event_per_read_with_every_frame_and_partial_frames_kept() -> None:
-    stream = _proxy_stream("chat", {}, True)
-    data = _frames(PLAIN[1], PLAIN[1], PLAIN[1]) + b"data: " + PLAIN[1][:20]
-    event = stream._feed(data)
-    assert (event.new_tokens, event.output_tokens) == (3, 3)
-    assert event.wire_frames == _frames(PLAIN[1], PLAIN[1], PLAIN[1])  # one write
-    assert stream._feed(PLAIN[1][20:]) is None  # still no frame end
-    event = stream._feed(b"\r\n\r\n: keep-alive comment\n\nevent: x\ndata: " + OTHER[0] + b"\n\ndata: [DONE]\n\n")
-    assert (event.new_tokens, event.output_tokens, event.finish_reason) == (2, 5, "length")
-    assert event.wire_frames == _frames(PLAIN[1], OTHER[0])  # comment and event: lines dropped, [DONE] ours
-    assert stream._ended
-
-
-def test_byte_level_reading_of_completions_chunks() -> None:
-    stream = _proxy_stream("completions", {}, False)
-    ev = stream._feed(_frames(b'{"choices":[{"index":0,"text":"a\\tb","finish_reason":null}]}'))
-    assert (ev.text, ev.new_tokens) == ("a\tb", 1)
-    assert stream._feed(_frames(b'{"choices":[{"index":0,"text":null}]}')) is None  # nothing new
-    assert stream._fast(b'{"choices":[{"index":0,"text":"a"}]') is None  # truncated frame
-    with pytest.raises(Exception, match="invalid JSON"):
-        stream._feed(_frames(b'{"choices":[{"index":0,"text":"a"}]'))
 
 
 def test_trace_context_reaches_the_upstream(chain: Chain) -> None:

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry
 
 from exporters.probe import Probe
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
-from exporters.serving.probe_swap_feed import ProbeSwapFeed
-from exporters.serving.swap_windows import SwapWindows
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
+from exporters.serving.engines.openai.probe_swap_feed import ProbeSwapFeed
+from exporters.serving.engines.openai.swap_windows import SwapWindows
 from exporters.serving.tracing import Tracing
 from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
 from tests.serving.swap_rig import blocking_sim, total, write_adapter

@@ -26,7 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.tracing import Tracing
 from tests.serving.swap_rig import blocking_sim, total, write_adapter
 from tests.support.server import serve_app

@@ -22,7 +22,8 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines.openai_proxy import FAILURE_REASONS, RETRY_REASONS, OpenAIProxyEngine
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
+from exporters.serving.engines.openai.errors import FAILURE_REASONS, RETRY_REASONS
 from exporters.serving.tracing import Tracing
 from tests.serving.fakes import ScriptedEngine
 from tests.support.server import free_port, serve_app

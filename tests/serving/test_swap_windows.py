@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from exporters.serving.engine import EngineError, ErrorKind
-from exporters.serving.swap_windows import SwapWindow, SwapWindows, blocked_seconds, progress_marks
+from exporters.serving.engines.openai.swap_windows import SwapWindow, SwapWindows, blocked_seconds, progress_marks
 
 
 def w(start: float, end: float, op: str = "load") -> SwapWindow:

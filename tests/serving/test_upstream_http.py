@@ -1,4 +1,4 @@
-"""The proxy's streaming HTTP/1.1 client (exporters/serving/engines/upstream_http.py): chunked decoding from
+"""The proxy's streaming HTTP/1.1 client (exporters/serving/engines/openai/upstream_*.py): chunked decoding from
 any split of the bytes, one consumer call per read, keep-alive reuse and expiry, the pool bound, and failures
 typed by when they happened, which decides whether the proxy may send a request again."""
 
@@ -13,17 +13,20 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.engine import GenerationRequest, OutputEvent, SamplingParams
-from exporters.serving.engines import upstream_http
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine, _ProxyStream, failure_reason, retry_reason
-from exporters.serving.engines.upstream_http import (
+from exporters.serving.engines.openai import upstream_http
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
+from exporters.serving.engines.openai.errors import failure_reason, retry_reason
+from exporters.serving.engines.openai.stream import ProxyStream
+from exporters.serving.engines.openai.upstream_connection import Connection
+from exporters.serving.engines.openai.upstream_http import (
     BrokenBody,
     ClosedBeforeAnswer,
     ConnectFailed,
-    ConnectionPool,
     InvalidResponse,
     NoAnswerInTime,
     Response,
 )
+from exporters.serving.engines.openai.upstream_pool import ConnectionPool
 from loadlens.util.net import free_port
 
 PAYLOADS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"bc"}]}\n\n', b"data: [DONE]\n\n"]
@@ -90,7 +93,7 @@ def test_chunked_body_decoded_from_every_split_of_the_bytes() -> None:
         splits = [[RESPONSE[:i], RESPONSE[i:]] for i in range(1, len(RESPONSE))]
         splits.append([RESPONSE[i : i + 1] for i in range(len(RESPONSE))])
         for reads in splits:
-            conn = upstream_http._Connection(pool)
+            conn = Connection(pool)
             transport = _Transport()
             conn.connection_made(transport)  # type: ignore[arg-type]
             pool.open += 1
@@ -117,7 +120,7 @@ def test_chunked_body_decoded_from_every_split_of_the_bytes() -> None:
 def test_one_consumer_call_per_read_with_all_of_its_chunks() -> None:
     async def run() -> None:
         pool = ConnectionPool("127.0.0.1", 1, limit=0, connect_timeout_s=1, read_timeout_s=60, keepalive_s=60)
-        conn = upstream_http._Connection(pool)
+        conn = Connection(pool)
         conn.connection_made(_Transport())  # type: ignore[arg-type]
         exchange = asyncio.ensure_future(conn.exchange(REQUEST, reused=True))
         await asyncio.sleep(0)
@@ -382,7 +385,7 @@ def test_connect_refused_and_invalid_responses() -> None:
 
 
 class _FakeResponse:
-    """What a _ProxyStream needs of its upstream response."""
+    """What a ProxyStream needs of its upstream response."""
 
     def __init__(self) -> None:
         self.paused = False
@@ -416,7 +419,7 @@ def test_the_stream_hands_events_to_the_sink_only_while_its_consumer_waits() -> 
             sampling=SamplingParams(max_tokens=8), arrival_time=0.0, body={}, stream_requested=True,
         )  # fmt: skip
         response = _FakeResponse()
-        stream = _ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
+        stream = ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
         taken: list[bytes | None] = []
         accept = [True]
 
@@ -445,7 +448,7 @@ def test_the_stream_hands_events_to_the_sink_only_while_its_consumer_waits() -> 
         with pytest.raises(StopAsyncIteration):
             await consumer
         assert taken == [_content("b"), _content("e")]
-        assert (stream._output_tokens, response.released, response.closed) == (5, False, True)  # no finish seen
+        assert (stream._frames.output_tokens, response.released, response.closed) == (5, False, True)  # no finish seen
 
     asyncio.run(run())
 
@@ -457,7 +460,7 @@ def test_a_bug_in_reading_a_chunk_reaches_the_consumer_not_the_socket_callback()
             sampling=SamplingParams(max_tokens=8), arrival_time=0.0, body={}, stream_requested=True,
         )  # fmt: skip
         response = _FakeResponse()
-        stream = _ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
+        stream = ProxyStream(response, request, "http://u:1")  # type: ignore[arg-type]
 
         def bug(data: bytes) -> None:
             raise RuntimeError("a bug in _feed")

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines import upstream_kinds
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.openai import upstream_kinds
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.tracing import Tracing
 from tests.fixtures.upstream_streams import ReplayUpstream
 from tests.support.server import free_port, serve_app

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.app import ServeSettings, create_app
-from exporters.serving.engines.openai_proxy import OpenAIProxyEngine
+from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.tracing import Tracing
 from tests.fixtures.upstream_streams import Fixture, ReplayUpstream, load
 from tests.support.server import serve_app

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter
 
-from exporters.serving.swap_windows import SwapWindows
+from exporters.serving.engines.openai.swap_windows import SwapWindows
 from loadlens.util.probe_directory import ProbeReader
 
 log = logging.getLogger(__name__)
