@@ -451,7 +451,7 @@ def create_app(
             return error_response(404, f"engine '{engine.name}' has no simulated device")
         return JSONResponse(doc)
 
-    install_openapi(app, engine.name)
+    install_openapi(app, forwards_upstream_errors=engine.forwards_upstream_errors)
     return app
 
 

@@ -214,6 +214,10 @@ class Engine(abc.ABC):
     engine that forwards chat and completions verbatim to a server of its own (the proxy): it cannot translate
     the Responses API, and the route answers 501."""
 
+    forwards_upstream_errors: bool = False
+    """Whether the generation and LoRA routes may answer with another server's own status and error body,
+    forwarded unchanged (the proxy): the OpenAPI document then admits any status on them."""
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Start background work (scheduler loop, connection pool). Called once before serving."""

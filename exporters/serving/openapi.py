@@ -317,8 +317,6 @@ ROUTE_DOCS: Mapping[str, dict[str, Any]] = {
 """Keyword arguments for each route's decorator (summary, operation id); the rest is :data:`OPERATIONS`."""
 
 
-FORWARDING_ENGINES = frozenset({"openai"})
-"""Engines that forward the upstream's own status and error body on the generation and LoRA routes."""
 _FORWARDED = {
     "description": "through the openai engine: the upstream's own status and error body, forwarded unchanged",
     "content": {"application/json": {"schema": {"type": "object"}}},
@@ -328,7 +326,9 @@ _FORWARDING_ROUTES = frozenset(
 )
 
 
-def build_openapi(app: FastAPI, engine: str = "sim") -> dict[str, Any]:
+def build_openapi(app: FastAPI, *, forwards_upstream_errors: bool = False) -> dict[str, Any]:
+    """The document of ``app``'s routes; ``forwards_upstream_errors`` (the engine's capability of that name) adds
+    a ``default`` response, the upstream's own status and body, to the generation and LoRA routes."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
     for path, item in doc.get("paths", {}).items():
         for method, operation in item.items():
@@ -338,7 +338,7 @@ def build_openapi(app: FastAPI, engine: str = "sim") -> dict[str, Any]:
                 raise ValueError(f"route {key} has no entry in exporters/serving/openapi.py")
             operation.pop("requestBody", None)
             operation.update(json.loads(json.dumps(declared)))  # a copy: the table is shared by every app
-            if engine in FORWARDING_ENGINES and key in _FORWARDING_ROUTES:
+            if forwards_upstream_errors and key in _FORWARDING_ROUTES:
                 operation["responses"]["default"] = _FORWARDED
     _, defs = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
@@ -348,12 +348,12 @@ def build_openapi(app: FastAPI, engine: str = "sim") -> dict[str, Any]:
     return doc
 
 
-def install_openapi(app: FastAPI, engine: str = "sim") -> None:
+def install_openapi(app: FastAPI, *, forwards_upstream_errors: bool = False) -> None:
     """Serve :func:`build_openapi`'s document (built once, on first request)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build_openapi(app, engine)
+            app.openapi_schema = build_openapi(app, forwards_upstream_errors=forwards_upstream_errors)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

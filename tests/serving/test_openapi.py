@@ -123,8 +123,8 @@ def test_proxy_document_admits_the_upstreams_statuses() -> None:
     for key in OPERATIONS:
         method, path = key.split(" ", 1)
         app.add_api_route(path, lambda: None, methods=[method], **ROUTE_DOCS[key])
-    proxy = build_openapi(app, "openai")
-    sim = build_openapi(app, "sim")
+    proxy = build_openapi(app, forwards_upstream_errors=True)
+    sim = build_openapi(app, forwards_upstream_errors=False)
     assert "default" in proxy["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert "default" not in sim["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert "default" not in proxy["paths"]["/v1/responses"]["post"]["responses"]

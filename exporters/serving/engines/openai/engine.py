@@ -92,6 +92,7 @@ class OpenAIProxyEngine(Engine):
 
     name = "openai"
     supports_responses_api = False  # chat and completions are forwarded verbatim; nothing translates /v1/responses
+    forwards_upstream_errors = True  # the upstream's own status and error body reach the client unchanged
     _pool: ConnectionPool | None = None
 
     def __init__(
