@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+import contextlib
 import threading
-import time
 from typing import Any
 
 import pynvml
@@ -40,11 +40,16 @@ def test_pcie_unsupported_in_sim(rig: SimRig, registry: CollectorRegistry) -> No
 
 
 class SlowPcie(WithPcie):
-    """Each read blocks like NVML's 20 ms sampling window; records how many overlap."""
+    """Each read blocks (as in NVML's 20 ms sampling window) until ``reads`` reads are in flight at once, and
+    records how many overlapped. Concurrent reads pass the barrier whatever the machine's load; reads issued
+    one after another break it after ``BARRIER_TIMEOUT_S`` and leave ``max_active`` at 1."""
 
-    def __init__(self, sim: Any) -> None:
+    BARRIER_TIMEOUT_S = 10.0  # only a failing run waits it out
+
+    def __init__(self, sim: Any, reads: int) -> None:
         super().__init__(sim)
         self.lock = threading.Lock()
+        self.barrier = threading.Barrier(reads, timeout=self.BARRIER_TIMEOUT_S)
         self.active = 0
         self.max_active = 0
         self.calls = 0
@@ -54,14 +59,16 @@ class SlowPcie(WithPcie):
             self.active += 1
             self.calls += 1
             self.max_active = max(self.max_active, self.active)
-        time.sleep(0.05)
+        # Broken when not all were in flight together: max_active then says how many were.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self.barrier.wait()
         with self.lock:
             self.active -= 1
         return super().nvmlDeviceGetPcieThroughput(handle, counter)
 
 
 def test_pcie_reads_of_every_gpu_and_direction_overlap(rig: SimRig, registry: CollectorRegistry) -> None:
-    slow = SlowPcie(rig.sim)
+    slow = SlowPcie(rig.sim, reads=4)  # 2 GPUs x 2 directions
     rig.nvml._api = slow
     PcieCollector(rig.session, registry=registry)
     got = Scraped(registry)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exporters.probe import Probe, start_probe
-from exporters.probe.probe import alloc_conf
+from exporters.probe.probe import EARLY_WRITE_GAP_S, alloc_conf
 from loadlens.contracts.probe_document import PROBE_DOCUMENT_VERSION, ProbeDocument
 from loadlens.util.procstat import start_time_ticks
 from tests.probe.fakes import MIB, FakeCuda, fake_torch, segment, stats, uuid
@@ -171,25 +171,43 @@ def test_lora_and_cuda_graph_events(tmp_path: Path) -> None:
     assert ev.cuda_graph_capture_seconds == 4.0
 
 
+def _wait_for_loads(probe: Probe, total: int) -> None:
+    """Until the document shows ``total`` loads. The deadline is a third of the test's 60 s interval: reaching
+    it means the loads waited for the interval write; a loaded machine is far inside it."""
+    deadline = time.monotonic() + 20.0
+    while read(probe).events.lora_loads_total != total:
+        assert time.monotonic() < deadline, "the load was not published early"
+        time.sleep(0.01)
+
+
 def test_a_lora_load_is_published_before_the_interval(tmp_path: Path) -> None:
     # The proxy's swap feed attributes stalls to the window only once it can read it: a load must not wait
     # for the next 5 s (here 60 s) write. The thread writes it within the early-write gap, not the interval.
-    probe = Probe("vllm-worker", tmp_path, fake_torch(cuda_two_devices()), hostname="node-a", interval=60.0)
+    builds: list[float] = []  # when each document was built: the clock is read once per write, before it
+
+    def clock() -> float:
+        builds.append(time.monotonic())
+        return time.time()
+
+    probe = Probe("vllm-worker", tmp_path, fake_torch(cuda_two_devices()), hostname="node-a", interval=60.0,
+                  clock=clock)  # fmt: skip
     probe.start()
     try:
         assert read(probe).events.lora_loads_total == 0
         probe.record_lora_load("sql-lora", 8, 100.0, 100.5, on_demand=True)
-        deadline = time.monotonic() + 5.0
-        while read(probe).events.lora_loads_total == 0:
-            assert time.monotonic() < deadline, "the load was not published early"
-            time.sleep(0.01)
+        _wait_for_loads(probe, 1)
         assert [e.adapter for e in read(probe).events.lora_loads] == ["sql-lora"]
-        ticks = probe.ticks_total
-        for i in range(20):  # a burst: a few early writes, not one per load
+        assert len(builds) == 2  # the start's write and one early write; nothing else is due for 60 s
+        started = time.monotonic()
+        for i in range(20):  # a burst over ~0.1 s: a few early writes, not one per load
             probe.record_lora_load(f"a{i}", 8, 101.0 + i, 101.25 + i, on_demand=False)
-        time.sleep(0.3)
-        assert 1 <= probe.ticks_total - ticks <= 7
-        assert read(probe).events.lora_loads_total == 21
+            time.sleep(0.005)  # spread, so unlimited writing would show (one per load); the bound holds anyway
+        _wait_for_loads(probe, 21)
+        writes, elapsed = len(builds) - 2, time.monotonic() - started
+        # The thread waits EARLY_WRITE_GAP_S after each early write, so their builds are at least that far
+        # apart and `elapsed` holds at most elapsed / gap + 1 of them: a rate limit that holds however slow the
+        # machine is. One write per load breaks it whenever the burst is published in under a second.
+        assert 1 <= writes <= elapsed / EARLY_WRITE_GAP_S + 1, (writes, elapsed)
     finally:
         probe.stop()
 

@@ -13,8 +13,17 @@ from prometheus_client import CollectorRegistry
 
 from exporters.serving.engine import GenerationRequest, LoRARequest, OutputEvent, RequestStream, SamplingParams
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
+from tests.sim.virtual_time import LoopTimer, running_virtual_loop
 
 T = TypeVar("T")
+
+
+def now() -> float:
+    """The running loop's clock: ``time.monotonic()`` on a real loop, virtual time on a ``VirtualTimeLoop``."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 def _word(i: int) -> str:
@@ -52,7 +61,7 @@ def request(
         sampling=SamplingParams(
             max_tokens=max_tokens, temperature=temperature, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos
         ),
-        arrival_time=time.monotonic(),
+        arrival_time=now(),
         priority=priority,
         lora=lora,
     )
@@ -68,7 +77,10 @@ def make_engine(
     jitter: float = 0.0,
     **knobs: Any,
 ) -> tuple[SimEngine, CollectorRegistry]:
+    """On a virtual-time loop (tests/sim/virtual_time.py) the engine runs on that loop's clock and timers."""
     reg = registry if registry is not None else CollectorRegistry()
+    loop = running_virtual_loop()
+    virtual: dict[str, Any] = {} if loop is None else {"clock": loop.time, "timer": LoopTimer}
     engine = SimEngine(
         load_model_profile(model),
         load_gpu_profile(gpu),
@@ -77,6 +89,7 @@ def make_engine(
         seed=seed,
         jitter=jitter,
         knobs=knobs,
+        **virtual,
     )
     return engine, reg
 
@@ -85,7 +98,7 @@ async def collect(stream: RequestStream) -> list[OutputEvent]:
     return [event async for event in stream]
 
 
-def run(coro: Coroutine[Any, Any, T], timeout: float = 20.0) -> T:
+def run(coro: Coroutine[Any, Any, T], timeout: float = 45.0) -> T:
     """Run one async test body with a hard timeout (a hang fails instead of eating the suite's budget)."""
 
     async def bounded() -> T:
@@ -94,10 +107,12 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 20.0) -> T:
     return asyncio.run(bounded())
 
 
-async def until(predicate: Any, limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
+async def until(predicate: Any, limit: float = 30.0) -> None:
+    """Poll every millisecond of the loop's clock (virtual on a ``VirtualTimeLoop``). The limit only bounds a
+    failure: generous, so a loaded machine never trips it."""
+    deadline = now() + limit
     while not predicate():
-        if time.monotonic() > deadline:
+        if now() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.001)
 

@@ -22,9 +22,11 @@ from exporters.serving.engines.sim.sched_types import SchedRequest, SchedulerCon
 from exporters.serving.engines.sim.scheduler import Scheduler
 from exporters.serving.engines.sim.step_pricing import price_step
 from loadlens.experiment.analysis.fits import fit_u_curve
-from tests.sim.helpers import collect, make_engine, prompt_of, request, run
+from tests.sim.helpers import collect, make_engine, prompt_of, request
+from tests.sim.roofline_shapes import decode_shape
+from tests.sim.virtual_time import run_virtual
 
-WAKE_SLACK = 0.05  # as tests/sim/test_engine.py: how late a wall-clock mark may be on a loaded CI machine
+EXACT = 1e-9  # float error of differences of clock readings
 
 
 def test_defaults_keep_the_window_idle_only_and_no_insertion_overhead() -> None:
@@ -82,10 +84,15 @@ def test_insertion_overhead_is_host_time_of_admitting_steps_only() -> None:
 
 
 def test_admission_window_gathers_arrivals_while_the_batch_runs() -> None:
-    """A long request is decoding (Llama-8B steps: ~0.4 ms wall at speed 20, so the loop keeps time); two
-    more arrive 5 ms apart (wall). In `admission` mode both wait for the window (0.5 s modeled = 25 ms wall)
-    and join in one step; in `idle` mode the first joins at the next step, before the second arrives."""
+    """A long request is decoding (Llama-8B steps: ~0.4 ms at speed 20); two more arrive 5 ms apart. In
+    `admission` mode both wait for the window (0.5 s modeled = 25 ms at speed 20) and join in one step; in
+    `idle` mode each joins at the next step after its arrival, so the first before the second arrives. Virtual
+    time (tests/sim/virtual_time.py): the 5 ms are exact and the loop keeps time, so the bounds are a step."""
     model = "deepseek-r1-distill-llama-8b"
+    # A waiting request joins at the first step boundary after it may: within one decode step of ``long``,
+    # the longest of which is its last (context 16 + 1000 tokens).
+    step = roofline.step_cost(load_model_profile(model), load_gpu_profile("h100-sxm"), decode_shape(1, 1016))
+    step_s = step.total_seconds / 20.0
 
     async def body(mode: str) -> tuple[float, float, float]:
         engine, _ = make_engine(model, speed=20.0, batching_window_us=500_000, batching_window_mode=mode)
@@ -103,11 +110,11 @@ def test_admission_window_gathers_arrivals_while_the_batch_runs() -> None:
         assert tb.scheduled is not None and tc.scheduled is not None and tb.queued is not None
         return tb.scheduled - tb.queued, tc.scheduled - tb.scheduled, tc.scheduled
 
-    waited, apart, _ = run(body("admission"))
-    assert 0.025 <= waited <= 0.025 + WAKE_SLACK
+    waited, apart, _ = run_virtual(body("admission"))
+    assert 0.025 <= waited < 0.025 + step_s  # the window runs from b's arrival (after long's admission)
     assert apart == 0.0  # one step took both
-    waited_idle, apart_idle, _ = run(body("idle"))
-    assert waited_idle < 0.005 and apart_idle > 0.0
+    waited_idle, apart_idle, _ = run_virtual(body("idle"))
+    assert waited_idle < step_s and 0.005 - step_s < apart_idle < 0.005 + step_s
 
 
 def test_an_admitting_step_pays_the_insertion_overhead_and_decode_steps_do_not() -> None:
@@ -124,11 +131,13 @@ def test_an_admitting_step_pays_the_insertion_overhead_and_decode_steps_do_not()
         assert t.queued is not None and t.first_token is not None and t.finished is not None
         return t.first_token - t.queued, t.finished - t.first_token
 
-    ttft, decode = run(body())
+    ttft, decode = run_virtual(body())  # virtual time: the marks are the modeled instants
     prefill = roofline.step_cost(model, gpu, roofline.BatchShape(32, 1, 1, roofline.attn_pairs(32, 0), 0))
     floor = (prefill.total_seconds + overhead_us * 1e-6) / speed
-    assert floor <= ttft <= floor + WAKE_SLACK
+    assert ttft == pytest.approx(floor, abs=EXACT)
     assert decode < overhead_us * 1e-6 / speed  # three decode steps of ~0.7 ms modeled each, no overhead
+    steps = sum(roofline.step_cost(model, gpu, decode_shape(1, 32 + i)).total_seconds for i in range(3))
+    assert decode == pytest.approx(steps / speed, abs=EXACT)
 
 
 def replay(window_us: float, *, rate: float = 40.0, seconds: float = 20.0, seed: int = 1) -> list[float]:

@@ -3,7 +3,8 @@ allocations, and each priced step as a busy interval with its memory share and p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from exporters.serving.engines.sim import roofline
@@ -22,11 +23,19 @@ def roofline_intensity(compute_seconds: float, slowest: float) -> float:
 
 
 class DeviceModel:
-    """One model on one simulated GPU. Instants are ``time.monotonic()`` seconds."""
+    """One model on one simulated GPU. Instants are ``clock`` seconds (the engine's: ``time.monotonic()``)."""
 
-    def __init__(self, model: ModelProfile, gpu: GPUProfile, *, seed: int, device: SimulatedGPU | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelProfile,
+        gpu: GPUProfile,
+        *,
+        seed: int,
+        device: SimulatedGPU | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.model = model
-        self.device = device if device is not None else SimulatedGPU(gpu, seed=seed)
+        self.device = device if device is not None else SimulatedGPU(gpu, seed=seed, clock=clock)
 
     def configure(self, k: Knobs) -> None:
         """Weights, the whole KV cache (preallocated, as vLLM does) and the activation reservation."""

@@ -33,7 +33,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +85,7 @@ from exporters.serving.engines.sim.stats import (
 )
 from exporters.serving.engines.sim.step_pricing import price_step
 from exporters.serving.engines.sim.stream import SimStream
-from exporters.serving.engines.sim.timer import DeadlineTimer
+from exporters.serving.engines.sim.timer import DeadlineTimer, Timer
 from exporters.serving.engines.sim.tokenizer import make_words, stable_seed
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
 
@@ -119,8 +119,11 @@ class SimEngine(Engine):
         jitter: float = 0.0,
         knobs: Mapping[str, Any] | None = None,
         stat_loggers: Sequence[StatLogger] = (),
+        clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[asyncio.AbstractEventLoop], Timer] = DeadlineTimer,
     ) -> None:
-        """``stat_loggers`` get every record too, after the Prometheus logger on ``registry``."""
+        """``stat_loggers`` get every record too, after the Prometheus logger on ``registry``. ``clock`` and
+        ``timer`` (which wakes the loop at ``clock`` instants) are a test seam: a virtual-time loop's."""
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a positive finite number, got {speed}")
         if not (math.isfinite(jitter) and jitter >= 0):
@@ -131,6 +134,7 @@ class SimEngine(Engine):
         self.speed = speed
         self.seed = seed
         self.jitter = jitter
+        self._clock, self._new_timer = clock, timer
 
         self._state = startup_state(model, gpu, knobs)
         k = self._state.knobs
@@ -141,8 +145,9 @@ class SimEngine(Engine):
         prometheus = VllmMetrics(registry, model_name=self.served_model_name, max_model_len=k.max_model_len,
                                  cache_info=cache_info, max_loras=k.max_loras)  # fmt: skip
         self._stats: StatLogger = StatLoggers([prometheus, *stat_loggers]) if stat_loggers else prometheus
+        self._sched.pool.clock = clock
         self._sched.pool.on_evict = lambda life, idle, gaps: self._stats.record_event(BlockEviction(life, idle, gaps))
-        self._device = DeviceModel(model, gpu, seed=seed)
+        self._device = DeviceModel(model, gpu, seed=seed, clock=clock)
         self._device.configure(k)
         self._words = make_words(seed)
         self._jitter_rng = random.Random(stable_seed("jitter", seed))
@@ -151,13 +156,13 @@ class SimEngine(Engine):
         self._ops: deque[_AdapterOp] = deque()
         self._current_op: _AdapterOp | None = None
         self._task: asyncio.Task[None] | None = None
-        self._timer: DeadlineTimer | None = None
+        self._timer: Timer | None = None
         self._idle: asyncio.Future[float] | None = None
         self._was_idle = True
         self._first_arrival: float | None = None
         self._window: asyncio.Future[float] | None = None
         self._last_admission = -math.inf
-        self._cursor = time.monotonic()
+        self._cursor = self._clock()
         self._stopping = False
         self._crashed: BaseException | None = None
         self._counter = 0
@@ -169,10 +174,10 @@ class SimEngine(Engine):
         if self._task is not None:
             return
         self._stopping = False
-        self._cursor = time.monotonic()
+        self._cursor = self._clock()
         self._was_idle = True
         self._first_arrival = None
-        self._timer = DeadlineTimer(asyncio.get_running_loop())
+        self._timer = self._new_timer(asyncio.get_running_loop())
         self._task = asyncio.create_task(self._run(), name="loadlens-sim-engine")
 
     async def stop(self) -> None:
@@ -225,7 +230,7 @@ class SimEngine(Engine):
         if k.max_waiting_tokens and s.waiting_tokens + prompt_tokens > k.max_waiting_tokens:
             self._reject("max_num_queued_tokens", f"the waiting queue is full ({k.max_waiting_tokens} prompt tokens)")
 
-        now = time.monotonic()
+        now = self._clock()
         sched = SchedRequest(
             request_id=request.request_id,
             prompt_len=prompt_tokens,
@@ -280,7 +285,7 @@ class SimEngine(Engine):
         if live is None:
             return
         self._sched.abort(live.sched)
-        live.stream.timing.finished = time.monotonic()
+        live.stream.timing.finished = self._clock()
         self._stats.record_event(EarlyEnd(reason))
         if notify:
             live.stream.push(OutputEvent("", 0, live.prompt_tokens, live.sched.num_output, finish_reason=reason))
@@ -301,7 +306,7 @@ class SimEngine(Engine):
                 if self._was_idle:
                     # First work after idleness: start at its arrival, after the batching window.
                     self._was_idle = False
-                    first = self._first_arrival if self._first_arrival is not None else time.monotonic()
+                    first = self._first_arrival if self._first_arrival is not None else self._clock()
                     self._first_arrival = None
                     start = max(self._cursor, first)
                     window = self._state.knobs.batching_window_us * 1e-6 / self.speed
@@ -335,14 +340,14 @@ class SimEngine(Engine):
             self._window = None
 
     async def _sleep_until(self, when: float) -> None:
-        if when <= time.monotonic() or self._timer is None:
+        if when <= self._clock() or self._timer is None:
             await asyncio.sleep(0)  # behind schedule: still let clients run
             return
         await self._timer.sleep_until(when)
 
     def _advance_cursor(self, deadline: float) -> tuple[float, WakeupStats]:
         """Move the schedule on from ``deadline``; returns now (wall) and how late the loop woke."""
-        now = time.monotonic()
+        now = self._clock()
         wakeup = self._lateness.woke(deadline, now)
         self._cursor = now if wakeup.slipped else deadline
         return now, wakeup
@@ -359,7 +364,7 @@ class SimEngine(Engine):
             return
         batch = self._sched.schedule(t0, admit=admit)
         if not batch:
-            now = time.monotonic()
+            now = self._clock()
             if t0 < now:
                 # Everything waiting arrived after this step's start: begin at the first such arrival.
                 earliest = self._sched.earliest_arrival()
@@ -368,11 +373,11 @@ class SimEngine(Engine):
             # Cannot happen with validated knobs (one request always fits); never spin if it does.
             log.warning("sim engine: work pending but nothing schedulable")
             await self._sleep_until(now + 0.001)
-            self._cursor = time.monotonic()
+            self._cursor = self._clock()
             return
         # Marks first, while every planned request is still live (a failed adapter below may end some).
         live = self._live
-        planned = time.monotonic()  # when this step really took its requests (t0 if the loop keeps time)
+        planned = self._clock()  # when this step really took its requests (t0 if the loop keeps time)
         for req in batch.newly_scheduled:
             timing = live[req.request_id].stream.timing
             timing.scheduled = max(planned, timing.queued) if timing.queued is not None else planned
@@ -439,7 +444,7 @@ class SimEngine(Engine):
             self._register(adapter)  # not serving yet: nothing to block
             return
         loop = asyncio.get_running_loop()
-        op = _AdapterOp(adapter, time.monotonic(), loop.create_future())
+        op = _AdapterOp(adapter, self._clock(), loop.create_future())
         self._adapters.start_loading(adapter.name)
         self._ops.append(op)
         self._on_arrival(op.enqueued)

@@ -18,6 +18,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Protocol
+
+
+class Timer(Protocol):
+    """What the engine's loop sleeps on: :class:`DeadlineTimer`, or a test's timer on a virtual-time loop."""
+
+    def sleep_until(self, when: float) -> asyncio.Future[float]: ...
+
+    def close(self) -> None: ...
 
 
 def _resolve(fut: asyncio.Future[float], value: float) -> None:
