@@ -30,284 +30,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import importlib.metadata
 import json
-import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_nvml_check import scrape_samples
+from benchmarks.caching_allocator import (
+    GUIDE_ADAPTERS,
+    GUIDE_MODULES,
+    GUIDE_REQUEST,
+    LARGE_BUFFER,
+    MIB,
+    MIN_BLOCK,
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+    ModelShape,
+    SimState,
+    expected_adapter,
+    lora_module_bytes,
+    simulate,
+)
+from benchmarks.gpu_probe_rig import Report, Rig, cuda_missing, versions
 
-MIB = 2**20
-# PyTorch's native caching allocator (c10 CachingAllocator constants, unchanged from 1.x to 2.x; checked
-# against CUDACachingAllocator.cpp / c10/core/AllocatorConfig.h and the "Memory management" notes):
-MIN_BLOCK = 512  # every request is rounded up to a multiple of 512 B
-SMALL_SIZE = 1 * MIB  # requests <= 1 MiB are served from the small pool
-SMALL_BUFFER = 2 * MIB  # ... whose segments are 2 MiB each
-LARGE_BUFFER = 20 * MIB  # requests in (1 MiB, 10 MiB) get a 20 MiB large-pool segment
-MIN_LARGE_ALLOC = 10 * MIB  # from 10 MiB on, the segment is the request rounded up to ...
-ROUND_LARGE = 2 * MIB  # ... 2 MiB
-# A found block is split when the rest is >= 512 B (small pool) or > 1 MiB (large pool); otherwise the
-# caller gets the whole block and allocated_bytes counts all of it (rounding overhead beyond 512 B).
-
-GUIDE_REQUEST = 1_200_000  # guide 2.2: "each LoRA module asks about 1.2 MB"
-GUIDE_ADAPTERS, GUIDE_MODULES = 3, 8  # 3 adapters; q/v in 4 layers
-
-PACKAGES = ("torch", "transformers", "peft", "accelerate", "safetensors", "pydantic", "prometheus-client")
-
-
-# --- the allocator's rules, as pure functions (tested on CPU) --------------------------------------------
-
-
-def round_size(size: int) -> int:
-    """The block size a request of ``size`` bytes asks the pool for."""
-    return MIN_BLOCK if size < MIN_BLOCK else MIN_BLOCK * math.ceil(size / MIN_BLOCK)
-
-
-def pool_of(rounded: int) -> str:
-    return "small" if rounded <= SMALL_SIZE else "large"
-
-
-def segment_size(rounded: int) -> int:
-    """What cudaMalloc is asked for when no cached block fits."""
-    if rounded <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if rounded < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return ROUND_LARGE * math.ceil(rounded / ROUND_LARGE)
-
-
-@dataclass
-class SimState:
-    reserved: int = 0
-    allocated: int = 0
-    requested: int = 0
-    segments: dict[str, int] = field(default_factory=lambda: {"small": 0, "large": 0})
-    free: dict[str, list[int]] = field(default_factory=lambda: {"small": [], "large": []})
-
-    @property
-    def rounding_overhead(self) -> int:
-        return self.allocated - self.requested
-
-
-def simulate(sizes: Sequence[int], state: SimState | None = None) -> SimState:
-    """Allocations only (no frees), one stream, default PYTORCH_ALLOC_CONF: best fit, split, new segments."""
-    s = state if state is not None else SimState()
-    for size in sizes:
-        rounded = round_size(size)
-        pool = pool_of(rounded)
-        fits = [b for b in s.free[pool] if b >= rounded]
-        if fits:
-            block = min(fits)
-            s.free[pool].remove(block)
-        else:
-            block = segment_size(rounded)
-            s.reserved += block
-            s.segments[pool] += 1
-        rest = block - rounded
-        if rest >= MIN_BLOCK if pool == "small" else rest > SMALL_SIZE:
-            s.free[pool].append(rest)
-            block = rounded
-        s.allocated += block
-        s.requested += size
-    return s
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    hidden: int = 1024
-    layers: int = 4
-    heads: int = 16
-    kv_heads: int = 8
-    intermediate: int = 2816
-    vocab: int = 32000
-    rank: int = 8
-    dtype_bytes: int = 4  # fp32 base model: PEFT keeps the adapter in the base weight's dtype
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-
-def lora_tensor_bytes(shape: ModelShape) -> list[int]:
-    """Bytes of each tensor one rank-r adapter on q_proj and v_proj adds: A is r x in, B is out x r."""
-    q_out, v_out = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    per_layer = []
-    for out in (q_out, v_out):
-        per_layer += [shape.rank * shape.hidden * shape.dtype_bytes, out * shape.rank * shape.dtype_bytes]
-    return per_layer * shape.layers
-
-
-def lora_module_bytes(shape: ModelShape) -> dict[str, int]:
-    """Per module: rank x (in + out) x dtype size."""
-    q_out, v_out = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    return {
-        "q_proj": shape.rank * (shape.hidden + q_out) * shape.dtype_bytes,
-        "v_proj": shape.rank * (shape.hidden + v_out) * shape.dtype_bytes,
-    }
-
-
-def expected_adapter(shape: ModelShape) -> dict[str, int]:
-    """What one adapter adds to requested and (at least) allocated bytes, and its most extra from unsplit rests."""
-    sizes = lora_tensor_bytes(shape)
-    rounded = [round_size(s) for s in sizes]
-    large = sum(1 for r in rounded if pool_of(r) == "large")
-    return {
-        "tensors": len(sizes),
-        "requested_bytes": sum(sizes),
-        "allocated_bytes_min": sum(rounded),
-        # Blocks and rests are 512 B multiples, so a small-pool block is split or fits exactly; a large-pool
-        # block with a rest <= 1 MiB is handed out whole: up to 1 MiB more per large tensor.
-        "allocated_bytes_max": sum(rounded) + large * SMALL_SIZE,
-        "rounding_overhead_bytes": sum(rounded) - sum(sizes),
-    }
-
-
-# --- bookkeeping ----------------------------------------------------------------------------------------
-
-
-class Report:
-    """Numbered steps of checks; a step that raises is one FAIL and the next step still runs."""
-
-    def __init__(self, log: Callable[[str], None] = print) -> None:
-        self.steps: list[dict[str, Any]] = []
-        self.log = log
-        self.data: dict[str, Any] = {}
-
-    @contextlib.contextmanager
-    def step(self, title: str) -> Iterator[dict[str, Any]]:
-        entry: dict[str, Any] = {"step": len(self.steps) + 1, "title": title, "checks": [], "values": {}}
-        self.steps.append(entry)
-        self.log(f"== {entry['step']}. {title}")
-        start = time.perf_counter()
-        try:
-            yield entry["values"]
-        except Exception as err:
-            reason = f"{type(err).__name__}: {err}"
-            entry["error"] = reason
-            entry["traceback"] = traceback.format_exc()
-            self.check(f"step {entry['step']} ran to the end", False, reason)
-        finally:
-            entry["seconds"] = round(time.perf_counter() - start, 3)
-
-    def check(self, name: str, ok: bool, detail: Any) -> bool:
-        entry = self.steps[-1] if self.steps else self._orphan()
-        entry["checks"].append({"check": name, "ok": bool(ok), "detail": detail})
-        self.log(f"{'PASS' if ok else 'FAIL'} {name}: {detail}")
-        return bool(ok)
-
-    def _orphan(self) -> dict[str, Any]:
-        self.steps.append({"step": 0, "title": "outside a step", "checks": [], "values": {}})
-        return self.steps[-1]
-
-    @property
-    def checks(self) -> list[dict[str, Any]]:
-        return [c for s in self.steps for c in s["checks"]]
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.checks) and all(c["ok"] for c in self.checks)
-
-    def as_json(self) -> dict[str, Any]:
-        passed = sum(c["ok"] for c in self.checks)
-        return {"ok": self.ok, "passed": passed, "failed": len(self.checks) - passed, **self.data, "steps": self.steps}
-
-
-def cuda_missing(torch_import: Callable[[], Any] = lambda: importlib.import_module("torch")) -> str | None:
-    """None when torch with CUDA is usable, else the one-line reason to exit 2 with."""
-    try:
-        torch = torch_import()
-    except Exception as err:  # ImportError, or a broken CUDA install raising OSError
-        return f"torch cannot be imported ({type(err).__name__}: {err}); run this on a GPU host with a CUDA torch"
-    if not torch.cuda.is_available():
-        build = getattr(torch.version, "cuda", None)
-        return (
-            f"CUDA is not available (torch {torch.__version__}, CUDA build {build}); "
-            "run this on a GPU host (see benchmarks/README.md)"
-        )
-    return None
-
-
-def versions(names: Sequence[str] = PACKAGES) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-# --- the GPU part ---------------------------------------------------------------------------------------
-
-
-def _one(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float | None:
-    for lbls, value in samples.get(name, []):
-        if all(lbls.get(k) == v for k, v in labels.items()):
-            return value
-    return None
-
-
-ALLOC_FIELDS = ("reserved", "allocated", "requested", "rounding_overhead", "segments", "free", "largest_free_block")
-
-
-class Rig:
-    """The probe and the exporter, and one scrape of both as a dict of this process's allocator figures."""
-
-    def __init__(self, out: Path, directory: Path, torch: Any) -> None:
-        self.out, self.directory, self.torch = out, directory, torch
-        self.probe: Any = None
-        self.exporter: Any = None
-        self.pid = str(os.getpid())
-
-    def scrape(self, name: str | None = None, fresh_snapshot: bool = True) -> dict[str, Any]:
-        probe = self.probe
-        if probe is not None:
-            if fresh_snapshot:
-                # The probe takes a snapshot only when one is due; its interval here is tiny (set below).
-                time.sleep(min(2.0, probe.snapshot_interval) + 0.01)
-            probe.write_now()
-        text = self.exporter.scrape().decode()
-        if name:
-            (self.out / f"probe-{name}.prom").write_text(text)
-        s = scrape_samples(text)
-        mine = {"pid": self.pid, "role": "trainer"}
-        fig: dict[str, Any] = {
-            f: _one(s, f"loadlens_gpu_allocator_{f}_bytes", **mine) for f in ALLOC_FIELDS if f != "segments"
-        }
-        fig["segments"] = _one(s, "loadlens_gpu_allocator_segments", **mine)
-        fig["fragmentation_ratio"] = _one(s, "loadlens_gpu_allocator_fragmentation_ratio", **mine)
-        fig["gpu_label"] = next(
-            (
-                lb.get("gpu")
-                for lb, _ in s.get("loadlens_gpu_allocator_reserved_bytes", [])
-                if lb.get("pid") == self.pid
-            ),
-            None,
-        )
-        fig["pools"] = {
-            f"{lb['pool']}/{lb['size_class']}": {
-                "segments": v,
-                "reserved_bytes": _one(s, "loadlens_gpu_allocator_pool_reserved_bytes", **lb),
-            }
-            for lb, v in s.get("loadlens_gpu_allocator_pool_segments", [])
-            if lb.get("pid") == self.pid
-        }
-        fig["documents"] = _one(s, "loadlens_gpu_probe_documents")
-        fig["dropped"] = {lb["reason"]: v for lb, v in s.get("loadlens_gpu_probe_documents_dropped", []) if v}
-        fig["roles"] = sorted({lb.get("role", "") for lb, _ in s.get("loadlens_gpu_probe_info", [])})
-        fig["collector_ok"] = _one(s, "loadlens_gpu_collector_success", collector="probe")
-        fig["snapshot_seconds"] = _one(s, "loadlens_gpu_probe_snapshot_duration_seconds", **mine)
-        return fig
+# --- the steps ------------------------------------------------------------------------------------------
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> int:

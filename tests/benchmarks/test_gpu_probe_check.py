@@ -1,4 +1,5 @@
-"""The parts of benchmarks/gpu_probe_check.py that need no GPU: the allocator maths, the bookkeeping, the CLI."""
+"""The parts of benchmarks/gpu_probe_check.py that need no GPU: the allocator maths (caching_allocator.py), the
+bookkeeping and the rig (gpu_probe_rig.py), the CLI."""
 
 from __future__ import annotations
 
@@ -7,26 +8,28 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import caching_allocator as ca
 from benchmarks import gpu_probe_check as gpc
+from benchmarks import gpu_probe_rig as gpr
 from tests.probe.fakes import FakeCuda, fake_torch, stats, synthetic_snapshot
 
 MIB = 2**20
 
 
 def test_block_rules() -> None:
-    assert [gpc.round_size(n) for n in (1, 512, 513, 1_200_000)] == [512, 512, 1024, 1_200_128]
-    assert gpc.pool_of(MIB) == "small" and gpc.pool_of(MIB + 512) == "large"
-    assert gpc.segment_size(4096) == 2 * MIB
-    assert gpc.segment_size(MIB + 512) == gpc.segment_size(10 * MIB - 512) == 20 * MIB
-    assert gpc.segment_size(10 * MIB) == 10 * MIB and gpc.segment_size(11 * MIB) == 12 * MIB
+    assert [ca.round_size(n) for n in (1, 512, 513, 1_200_000)] == [512, 512, 1024, 1_200_128]
+    assert ca.pool_of(MIB) == "small" and ca.pool_of(MIB + 512) == "large"
+    assert ca.segment_size(4096) == 2 * MIB
+    assert ca.segment_size(MIB + 512) == ca.segment_size(10 * MIB - 512) == 20 * MIB
+    assert ca.segment_size(10 * MIB) == 10 * MIB and ca.segment_size(11 * MIB) == 12 * MIB
 
 
 def test_guide_pattern_grows_in_20_mib_steps_with_an_unsplit_tail() -> None:
     # 1.2 MB asks are large-pool blocks of 1 200 128 B: 16 fit a 20 MiB segment, the 17th takes the whole
     # 1.69 MiB tail (its rest, 0.54 MiB, is not > 1 MiB so the block is not split).
-    reserved = [gpc.simulate([gpc.GUIDE_REQUEST] * n).reserved for n in (8, 16, 24)]
+    reserved = [ca.simulate([ca.GUIDE_REQUEST] * n).reserved for n in (8, 16, 24)]
     assert reserved == [20 * MIB, 20 * MIB, 40 * MIB]
-    s = gpc.simulate([gpc.GUIDE_REQUEST] * 24)
+    s = ca.simulate([ca.GUIDE_REQUEST] * 24)
     tail = 20 * MIB - 16 * 1_200_128
     assert s.allocated == 23 * 1_200_128 + tail and s.requested == 24 * 1_200_000
     assert s.rounding_overhead == 23 * 128 + tail - 1_200_000 == 572_416
@@ -34,19 +37,19 @@ def test_guide_pattern_grows_in_20_mib_steps_with_an_unsplit_tail() -> None:
 
 
 def test_small_requests_share_one_2_mib_segment() -> None:
-    s = gpc.simulate([32768] * 64)  # 2 MiB of 32 KiB tensors: exactly one segment, no rounding
+    s = ca.simulate([32768] * 64)  # 2 MiB of 32 KiB tensors: exactly one segment, no rounding
     assert (s.reserved, s.allocated, s.rounding_overhead, s.segments["small"]) == (2 * MIB, 2 * MIB, 0, 1)
-    s = gpc.simulate([32768] * 65)
+    s = ca.simulate([32768] * 65)
     assert s.reserved == 4 * MIB and s.segments["small"] == 2
     # a large-pool rest of <= 1 MiB stays with the block: allocated counts it, requested does not
-    s = gpc.simulate([19 * MIB + 100])
+    s = ca.simulate([19 * MIB + 100])
     assert (s.reserved, s.allocated, s.requested) == (20 * MIB, 20 * MIB, 19 * MIB + 100)
 
 
 def test_expected_lora_bytes_default_shape() -> None:
-    shape = gpc.ModelShape()  # hidden 1024, 16 heads of 64, 8 KV heads, rank 8, fp32
-    assert gpc.lora_module_bytes(shape) == {"q_proj": 8 * (1024 + 1024) * 4, "v_proj": 8 * (1024 + 512) * 4}
-    want = gpc.expected_adapter(shape)
+    shape = ca.ModelShape()  # hidden 1024, 16 heads of 64, 8 KV heads, rank 8, fp32
+    assert ca.lora_module_bytes(shape) == {"q_proj": 8 * (1024 + 1024) * 4, "v_proj": 8 * (1024 + 512) * 4}
+    want = ca.expected_adapter(shape)
     assert want["tensors"] == 16  # A and B of q and v in 4 layers
     assert want["requested_bytes"] == 4 * (65536 + 49152) == 458_752
     # multiples of 512 B: LoRA tensors of realistic shapes add no rounding overhead of their own
@@ -55,14 +58,14 @@ def test_expected_lora_bytes_default_shape() -> None:
 
 
 def test_expected_lora_bytes_with_rounding() -> None:
-    shape = gpc.ModelShape(hidden=1040, dtype_bytes=2)  # head_dim 65, bf16: 16 * 1040 B is 256 B past 512
+    shape = ca.ModelShape(hidden=1040, dtype_bytes=2)  # head_dim 65, bf16: 16 * 1040 B is 256 B past 512
     per_layer = 256 + 256 + 256 + (512 - 8 * 520 * 2 % 512)
-    assert gpc.expected_adapter(shape)["rounding_overhead_bytes"] == 4 * per_layer == 4608
+    assert ca.expected_adapter(shape)["rounding_overhead_bytes"] == 4 * per_layer == 4608
 
 
 def test_failing_step_is_recorded_and_the_next_runs() -> None:
     lines: list[str] = []
-    report = gpc.Report(lines.append)
+    report = gpr.Report(lines.append)
     with report.step("first") as v:
         v["x"] = 1
         report.check("fine", True, 1)
@@ -79,7 +82,7 @@ def test_failing_step_is_recorded_and_the_next_runs() -> None:
 
 
 def test_no_checks_is_not_ok() -> None:
-    assert not gpc.Report(lambda _: None).ok
+    assert not gpr.Report(lambda _: None).ok
 
 
 def test_parse_args() -> None:
@@ -101,15 +104,15 @@ def test_reason_when_torch_is_missing() -> None:
     def missing() -> None:
         raise ImportError("No module named 'torch'")
 
-    reason = gpc.cuda_missing(missing)
+    reason = gpr.cuda_missing(missing)
     assert reason is not None and reason.startswith("torch cannot be imported (ImportError")
 
 
 def test_rig_scrapes_a_probe_through_the_exporter(tmp_path: Path) -> None:
     # A fake torch and no NVML on this machine: the probe collector still reads the document (gpu="").
     cuda = FakeCuda({0: stats(4 * MIB, 3 * MIB, 3 * MIB - 1000, **{"segment.all.current": 2})}, synthetic_snapshot(2))
-    rig = gpc.Rig(tmp_path, tmp_path / "probe", fake_torch(cuda))
-    report = gpc.Report(lambda _: None)
+    rig = gpr.Rig(tmp_path, tmp_path / "probe", fake_torch(cuda))
+    report = gpr.Report(lambda _: None)
     with report.step("rig"):
         gpc.step_rig(report, rig)
     try:

@@ -1,5 +1,6 @@
-"""benchmarks/search_compare.py's pure pieces: the server-side judgement of a run, the ground truth's capacity
-and band, a search's bracket, and the request-log parser, on hand-made data with known answers."""
+"""benchmarks/search_compare.py's pure pieces, in benchmarks/search_judge.py: the server-side judgement of a
+run, the ground truth's capacity and band, a search's bracket, and the request-log parser, on hand-made data
+with known answers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks.search_compare import (
+from benchmarks.search_judge import (
     Objectives,
     Served,
     agreement,
