@@ -10,6 +10,8 @@ SERIAL: dict[str, str] = {
     "tests/loadgen/test_e2e.py": "client TTFT and ITL within 10 ms and 1 ms of a scripted server's delays",
     "tests/loadgen/test_sim_e2e.py::test_client_timings_agree_with_the_simulator": "client and sim TTFT within 8 ms",
     "tests/serving/test_sim_lag.py": "client, gen_ai and vllm TTFT within 2 % while the sim lags",
+    "tests/serving/test_app.py::test_metrics_count_requests_tokens_and_slo_verdicts": "in-process TTFT within the "
+    "0.2 s SLO and TPOT within 50 ms decide the goodput counts",
     "tests/training/test_train_demo_e2e.py": "a page within 60 s of the learning-rate spike",
     "tests/experiment/test_sim_experiments.py::test_batching_window_on_the_sim": "a U-curve fitted to measured E2E",
     "tests/experiment/test_sim_experiments.py::test_token_budget_on_the_sim": "mean running sequences per grid point",

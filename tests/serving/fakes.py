@@ -7,6 +7,7 @@ independently of the simulator's model; the simulator is exercised end to end in
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,10 @@ class _Stream(RequestStream):
     async def __anext__(self) -> OutputEvent:
         if self.closed or self.sent >= self.n:
             raise StopAsyncIteration
+        hold = self.engine.hold
+        # A thread's Event, polled: the test sets it from its own thread, and asyncio.Event is not thread-safe.
+        while self.sent == 0 and hold is not None and not hold.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
         await asyncio.sleep(self.engine.ttft_s if self.sent == 0 else self.engine.itl_s)
         if self.engine.fail_after is not None and self.sent >= self.engine.fail_after:
             self.closed = True
@@ -90,6 +95,9 @@ class ScriptedEngine(Engine):
         self.healthy = True
         self.lora_blocked_s = 0.0
         self.last_request: GenerationRequest | None = None
+        self.hold: threading.Event | None = None
+        """When set to an Event, every stream waits for it before its first token: a test holds requests
+        active (and their connections busy) until it has seen what it wants, then sets it."""
         self._knobs: dict[str, Any] = {"max_num_seqs": 8}
 
     async def start(self) -> None:

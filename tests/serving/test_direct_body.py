@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 import time
 from typing import Any
 
@@ -174,14 +175,31 @@ def test_the_client_gets_the_same_stream_with_and_without_direct_writes(
         write(self, body)
 
     monkeypatch.setattr(DirectBody, "write", counting)
+    # A read reaches the direct path only while the proxy's consumer waits for it. The upstream holds its first
+    # token until the proxy's response asks for its DirectBody, from which the consumer goes on to wait with no
+    # await in between: no read can be handled before (a stall there would otherwise queue the first token).
+    scripted = ScriptedEngine()
+    scripted.hold = threading.Event()
+    proxy_port = 0
+    of = DirectBody.of
+
+    def of_at_the_proxy(cls: type[DirectBody], scope: Any) -> DirectBody | None:
+        found = of(scope)
+        if scope.get("server", (None, None))[1] == proxy_port:
+            assert scripted.hold is not None
+            scripted.hold.set()
+        return found
+
+    monkeypatch.setattr(DirectBody, "of", classmethod(of_at_the_proxy))
     body: dict[str, Any] = {"model": "scripted", "prompt": "hi", "max_tokens": 4, "stream": True}
     if usage:
         body["stream_options"] = {"include_usage": True}
-    upstream = create_app(ScriptedEngine(), ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
+    upstream = create_app(scripted, ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
     with serve_app(upstream) as up_url:
         app = create_app(OpenAIProxyEngine(up_url), ServeSettings(), registry=CollectorRegistry(),
                          tracing=Tracing.disabled())  # fmt: skip
         with serve_app(app) as url:
+            proxy_port = int(url.rsplit(":", 1)[1])
             direct = httpx.post(url + "/v1/completions", json=body, timeout=30).text
             # Every chunk went below the ASGI stack but the last message ([DONE]), which ends the response.
             assert direct.encode() == b"".join(written) + b"data: [DONE]\n\n"

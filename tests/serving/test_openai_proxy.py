@@ -117,7 +117,7 @@ def test_disconnect_at_proxy_aborts_upstream(chain: Chain) -> None:
     chain.upstream.itl_s = 0.05
     with raw_stream(chain.proxy_url, CHAT, _chat(max_tokens=300, stream=True), until=b"t1"):
         pass
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not chain.upstream.aborted and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(chain.upstream.aborted) == 1
@@ -230,6 +230,7 @@ def test_trace_context_reaches_the_upstream(chain: Chain) -> None:
 
 def test_upstream_connections_are_bounded_by_max_connections() -> None:
     upstream = ScriptedEngine(itl_s=0.02)
+    upstream.hold = threading.Event()  # every request stays active upstream until the test has seen two at once
     up_app = create_app(upstream, ServeSettings(), registry=CollectorRegistry(), tracing=Tracing.disabled())
     with serve_app(up_app) as up_url:
         proxy = OpenAIProxyEngine(up_url, max_connections=2)
@@ -239,11 +240,23 @@ def test_upstream_connections_are_bounded_by_max_connections() -> None:
             most = 0
 
             def one() -> None:
-                results.append(httpx.post(url + CHAT, json=_chat(max_tokens=10, stream=True), timeout=30).status_code)
+                results.append(httpx.post(url + CHAT, json=_chat(max_tokens=10, stream=True), timeout=60).status_code)
 
             threads = [threading.Thread(target=one) for _ in range(6)]
             for t in threads:
                 t.start()
+            deadline = time.monotonic() + 30
+            while len(upstream.active) < 2:
+                most = max(most, len(upstream.active))
+                assert time.monotonic() < deadline, f"{len(upstream.active)} requests reached the upstream"
+                time.sleep(0.005)
+            # Both connections are taken and held; the other four requests can only wait in the proxy. Keep
+            # holding a while so that a proxy that opened more connections would show it.
+            hold_until = time.monotonic() + 0.3
+            while time.monotonic() < hold_until:
+                most = max(most, len(upstream.active))
+                time.sleep(0.005)
+            upstream.hold.set()
             while any(t.is_alive() for t in threads):
                 most = max(most, len(upstream.active))
                 time.sleep(0.005)

@@ -8,7 +8,6 @@ probe writes them in a GPU worker.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from exporters.serving.engines.openai.probe_swap_feed import ProbeSwapFeed
 from exporters.serving.engines.openai.swap_windows import SwapWindows
 from exporters.serving.tracing import Tracing
 from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
-from tests.serving.swap_rig import blocking_sim, total, write_adapter
+from tests.serving.swap_rig import Stream, advance, blocking_sim, total, write_adapter
 from tests.support.server import serve_app
 
 WALL0, MONO0 = 1_800_000_000.0, 5_000.0  # the fake clocks: Unix time WALL0 is monotonic MONO0
@@ -105,16 +104,20 @@ def test_the_thread_polls_until_stopped(tmp_path: Path) -> None:
     feed = ProbeSwapFeed(tmp_path, windows, registry=CollectorRegistry(), poll_interval_s=0.02).start()
     try:
         probe = _probe(tmp_path, "vllm-0")
+        before = time.monotonic()
         now = time.time()
         probe.record_lora_load("late", 8, now - 0.5, now - 0.25, on_demand=True)
         probe.write_now()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while not len(windows):
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        seen = time.monotonic()
         (w,) = windows.snapshot()
         assert w.end - w.start == pytest.approx(0.25, abs=1e-6)
-        assert abs(w.end - (time.monotonic() - 0.25)) < 0.5  # converted onto this clock
+        # Converted onto this clock: ``now`` was read after ``before``, and the poll that found the document
+        # read its clocks after it was written and before the window was seen (1e-6: a Unix time's float step).
+        assert before - 0.25 - 1e-6 <= w.end <= seen - 0.25 + 1e-6
         probe.stop()
     finally:
         feed.stop()
@@ -123,19 +126,7 @@ def test_the_thread_polls_until_stopped(tmp_path: Path) -> None:
 
 
 N = 6
-
-
-def _stream(url: str, started: threading.Event, errors: list[BaseException]) -> None:
-    body = {"model": "tiny", "prompt": "hello", "max_tokens": 600, "ignore_eos": True, "stream": True}
-    try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                if line.startswith("data: {"):
-                    started.set()
-    except BaseException as err:
-        errors.append(err)
-        started.set()
+PROGRESS = 20  # tokens every stream gets between two loads (~0.1 s of decode)
 
 
 @pytest.mark.slow
@@ -150,13 +141,18 @@ def test_loads_the_proxy_never_forwarded_are_attributed_from_the_probe(tmp_path:
     sim = blocking_sim(sim_registry)
     probe = Probe("vllm-worker", probe_dir, fake_torch(FakeCuda({}, [])), hostname="vllm-0", interval=60.0)
     probe.start()
+    # Unix time is this process's monotonic clock plus one offset, read once: the stand-in plugin stamps with it
+    # and the feed converts back with it. Reading the two clocks anew each time, a thread switch between the reads
+    # (this process runs a dozen threads) would shift a window by milliseconds, past the next token.
+    offset = time.time() - time.monotonic()
     blocked_on = sim._live.charge_block
     sim_windows: list[tuple[float, float]] = []
+    emitted: list[dict[int, int]] = []  # per load: tokens each request (by max_tokens) had emitted when it began
 
     def charge_block(start: float, end: float) -> None:  # what the plugin's add_adapter wrapper records
         blocked_on(start, end)
         sim_windows.append((start, end))
-        offset = time.time() - time.monotonic()
+        emitted.append({live.max_tokens: live.sched.num_output for live in sim._live})
         probe.record_lora_load(f"a{len(sim_windows)}", 256, start + offset, end + offset, on_demand=True)
 
     sim._live.charge_block = charge_block  # type: ignore[method-assign]
@@ -165,26 +161,32 @@ def test_loads_the_proxy_never_forwarded_are_attributed_from_the_probe(tmp_path:
     )
     with serve_app(sim_app) as sim_url:
         proxy = OpenAIProxyEngine(sim_url, api_key="t")
-        feed = ProbeSwapFeed(probe_dir, proxy.swap_windows, registry=proxy_registry, hostname="vllm-0").start()
+        feed = ProbeSwapFeed(
+            probe_dir,
+            proxy.swap_windows,
+            registry=proxy_registry,
+            hostname="vllm-0",
+            wall=lambda: offset,
+            mono=lambda: 0.0,
+        ).start()
         proxy_app = create_app(proxy, ServeSettings(), registry=proxy_registry, tracing=Tracing.disabled())
         try:
             with serve_app(proxy_app) as proxy_url:
-                errors: list[BaseException] = []
-                started = [threading.Event() for _ in range(N)]
-                threads = [threading.Thread(target=_stream, args=(proxy_url, e, errors), daemon=True) for e in started]
-                for t in threads:
-                    t.start()
-                for e in started:
-                    assert e.wait(30)
-                time.sleep(0.2)
+                # Distinct lengths tell the sim's requests apart; each has ~500 tokens (~2.5 s) left after the
+                # last load, far more than the feed needs to read the window (a poll, 0.2 s).
+                streams = [Stream(proxy_url, 600 + i) for i in range(N)]
+                for s in streams:
+                    s.start()
+                advance(streams, 1 + PROGRESS)
                 with httpx.Client(base_url=sim_url, headers={"Authorization": "Bearer t"}, timeout=30) as admin:
                     for name in ("a1", "a2"):
                         response = admin.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": name})
                         assert response.status_code == 200
-                        time.sleep(0.2)
-                for t in threads:
-                    t.join(60)
-                assert errors == []
+                        advance(streams, PROGRESS)  # decoding resumed: the next load is a stall of its own
+                for s in streams:
+                    s.join(60)
+                assert [s.error for s in streams] == [None] * N
+                assert [len(s.times) for s in streams] == [s.max_tokens for s in streams]
         finally:
             feed.stop()
             probe.stop()
@@ -197,9 +199,18 @@ def test_loads_the_proxy_never_forwarded_are_attributed_from_the_probe(tmp_path:
     sim_delayed = total(sim_registry, "loadlens_lora_swap_delayed_requests_total")
     proxy_delayed = total(proxy_registry, "loadlens_lora_swap_delayed_requests_total")
     window_sum = sum(end - start for start, end in sim_windows)
-    print(f"\nsim={sim_sum:.4f} proxy={proxy_sum:.4f} windows={window_sum:.4f} delayed={sim_delayed}/{proxy_delayed}")
+    # Same windows on both sides. Per request and load the proxy charges from the later of the window's start
+    # and the arrival of the request's last token before it (the sim's from the start): less by that token's
+    # hop, which is no later than when this test's client got the token (the proxy forwards it after stamping).
+    hop = sum(
+        max(0.0, s.times[counts[s.max_tokens] - 1] - start)
+        for (start, _), counts in zip(sim_windows, emitted, strict=True)
+        for s in streams
+    )
+    # The probe document carries Unix times (~1.8e9 s, a float's step there is 2.4e-7 s): converting a window
+    # there and back moves each of its ends by half a step at most.
+    rounding = N * len(sim_windows) * 2.4e-7
+    print(f"\nsim={sim_sum:.4f} proxy={proxy_sum:.4f} windows={window_sum:.4f} hop={hop:.4f} delayed={sim_delayed}")
     assert sim_sum == pytest.approx(N * window_sum, abs=1e-9)
     assert sim_delayed == proxy_delayed == N
-    # Same windows on both sides; the proxy sees each request's last token before a window one loopback hop
-    # after the sim emitted it, so per request and load it can only charge less, by at most that hop.
-    assert 0 <= sim_sum - proxy_sum <= N * len(sim_windows) * 0.05
+    assert -rounding <= sim_sum - proxy_sum <= hop + rounding

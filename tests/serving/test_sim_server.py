@@ -104,7 +104,7 @@ def test_disconnect_frees_the_slot_and_kv_blocks(sim: Sim) -> None:
     with raw_stream(sim.url, "/v1/completions", body, until=b"data: ", count=3):
         assert sim.sample("vllm:num_requests_running", labels) == 1
         assert (sim.sample("vllm:kv_cache_usage_perc", labels) or 0) > 0
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while sim.sample("vllm:num_requests_running", labels) != 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert sim.sample("vllm:num_requests_running", labels) == 0

@@ -1,10 +1,13 @@
 """The proxy in front of recorded vLLM, sglang, llama.cpp and TGI streams (tests/fixtures/upstream_streams),
-replayed with their timing: what the client receives, byte for byte, and what the proxy measures."""
+replayed with their timing (a token-carrying write never before the proxy read the previous one): what the
+client receives, byte for byte, and what the proxy measures."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +60,38 @@ CASES = [
 ]
 
 
+class _PacedSocket:
+    """The replaying upstream's socket, paced by the proxy: a write carrying tokens waits (after the recorded
+    gap) until the proxy counted the previous one's tokens, so the proxy reads every token-carrying write
+    separately, however loaded the machine (a stall would otherwise let two writes arrive in one read)."""
+
+    def __init__(self, conn: socket.socket, fixture: Fixture, counted: Callable[[], float]) -> None:
+        self._conn = conn
+        self._fixture = fixture
+        self._counted = counted
+        self._before_last: float | None = None  # the count before the previous token-carrying write
+
+    def sendall(self, data: bytes) -> None:
+        body = data.partition(b"\r\n")[2]  # after the HTTP chunk's size line
+        if any(_content(self._fixture, line[5:].strip()) for line in body.splitlines() if line.startswith(b"data:")):
+            if self._before_last is not None:
+                deadline = time.monotonic() + 30
+                while self._counted() <= self._before_last and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            self._before_last = self._counted()
+        self._conn.sendall(data)
+
+
+@dataclass
+class _PacedReplay(ReplayUpstream):
+    counted: Callable[[], float] = lambda: 0.0
+    """The proxy's output tokens so far (all its series)."""
+
+    def _stream(self, conn: socket.socket, fixture: Fixture | None) -> None:
+        assert fixture is not None
+        super()._stream(_PacedSocket(conn, fixture, self.counted), fixture)  # type: ignore[arg-type]
+
+
 @dataclass
 class Rig:
     upstream: ReplayUpstream
@@ -71,9 +106,9 @@ def rigs() -> Iterator[dict[str, Rig]]:
     stack: list[Any] = []
     try:
         for kind, documents in DOCUMENTS.items():
-            upstream = ReplayUpstream(documents=documents)
-            stack.append(upstream)
             registry = CollectorRegistry()
+            upstream = _PacedReplay(documents=documents, counted=lambda r=registry: _tokens(r))  # type: ignore[misc]
+            stack.append(upstream)
             app = create_app(
                 OpenAIProxyEngine(upstream.url, registry=registry),
                 ServeSettings(),
@@ -130,6 +165,10 @@ def _value(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> fl
     return registry.get_sample_value(name, labels) or 0.0
 
 
+def _tokens(registry: CollectorRegistry) -> float:
+    return sum(s.value for m in registry.collect() for s in m.samples if s.name == "loadlens_output_tokens_total")
+
+
 @pytest.mark.parametrize(("name", "options"), CASES, ids=[f"{n}-{'+'.join(o) or 'none'}" for n, o in CASES])
 def test_proxy_forwards_and_measures_each_recorded_stream(
     rigs: dict[str, Rig], name: str, options: dict[str, bool]
@@ -176,11 +215,11 @@ def test_proxy_forwards_and_measures_each_recorded_stream(
     assert delta["streamed"] == streamed
     assert delta["output_sum"] == expect["output_tokens"]  # the request's total: the upstream's usage
     assert delta["source"] == 1
-    # One ITL sample per further read carrying tokens: at most one per token-carrying write of the upstream
-    # (fewer when a loaded host lets two writes arrive in one read).
+    # One ITL sample per further read carrying tokens; the paced upstream makes each token-carrying write one
+    # such read (unpaced, a loaded host can let two writes arrive in one read: fewer samples, never more).
     token_writes = sum(
         1 for _, data in fixture.writes() if any(_content(fixture, line[5:].strip()) for line in data.splitlines())
     )
-    assert 1 <= delta["itl_count"] <= token_writes - 1
+    assert delta["itl_count"] == token_writes - 1
     kind = fixture.source["kind"]
     assert rig.registry.get_sample_value("loadlens_proxy_upstream_info", {"upstream_kind": kind}) == 1

@@ -18,25 +18,33 @@ __all__ = ["free_port", "raw_stream", "serve_app"]
 
 
 @contextlib.contextmanager
-def serve_app(app: Any, *, timeout_s: float = 10.0) -> Iterator[str]:
-    """Yield the base URL (``http://127.0.0.1:PORT``) while the app runs; stop it on exit."""
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, loop="asyncio", http="httptools", log_level="warning", access_log=False
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn did not start on port {port}")
-        time.sleep(0.01)
+def serve_app(app: Any, *, timeout_s: float = 30.0) -> Iterator[str]:
+    """Yield the base URL (``http://127.0.0.1:PORT``) while the app runs; stop it on exit.
+
+    The listening socket is bound here, once, and handed to uvicorn: a port picked by number and bound later
+    could be taken in between by another process or a loopback client's ephemeral port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        yield f"http://127.0.0.1:{port}"
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, loop="asyncio", http="httptools", log_level="warning", access_log=False
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start on port {port}")
+            time.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(timeout=timeout_s)
     finally:
-        server.should_exit = True
-        thread.join(timeout=timeout_s)
+        sock.close()  # uvicorn closes it on shutdown; this covers a server that never started
 
 
 @contextlib.contextmanager
