@@ -24,8 +24,10 @@ import yaml
 # ProfileError is raised by everything here; callers import it from this module.
 from loadgen.profile_fields import ProfileError as ProfileError
 from loadgen.profile_fields import boolean, check_keys, integer, mapping, number, opt_number
+from loadgen.synthesis import ExactText
 from loadgen.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from loadgen.traces import FORMATS, MOONCAKE_BLOCK_TOKENS, TraceData, TraceError, TraceRow, detect_format, read_trace
+from loadgen.words import WORDS
 from loadlens.contracts.slo import PriorityClass, SLOConfig
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -733,9 +735,6 @@ def _tokenizer(value: Any, base: Path | None) -> Tokenizer | None:
         path = base / path
     if not path.exists():
         raise ProfileError(f"tokenizer: not found: {path}")
-    from loadgen.prompts import WORDS  # prompts imports this module
-    from loadgen.synthesis import ExactText
-
     try:
         tokenizer = load_tokenizer(path)
         ExactText(tokenizer, WORDS)  # refused before the run if too few prompt words are one token; warms it
