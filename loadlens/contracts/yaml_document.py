@@ -35,10 +35,13 @@ ERROR_TYPE = "loadlens"
 """The pydantic error type :func:`fail` raises; other types are pydantic's own (``missing``, ``model_type``)."""
 
 
-def fail(reason: str, *at: str | int, bare: bool = False) -> PydanticCustomError:
+def fail(reason: str, *at: str | int, bare: bool = False, refer: Loc | None = None) -> PydanticCustomError:
     """An error for a validator to raise: ``reason`` is the message as is; ``at`` is appended to the path of
-    the value being validated. ``bare``: the reason names the field itself, so the field is not printed."""
-    return PydanticCustomError(ERROR_TYPE, "{reason}", {"reason": reason, "at": at, "bare": bare})
+    the value being validated. ``bare``: the reason names the field itself, so the field is not printed.
+    ``refer``: another field, relative to the value being validated, whose printed path replaces ``{refer}``
+    in the reason ("set it here or in {refer}")."""
+    # pydantic fills every ``{key}`` of ctx into the message, so only "reason" may appear in one.
+    return PydanticCustomError(ERROR_TYPE, "{reason}", {"reason": reason, "_at": at, "_bare": bare, "_refer": refer})
 
 
 def dotted(loc: Loc) -> str:
@@ -125,7 +128,10 @@ class Document:
         loc: Loc = tuple(first["loc"])
         ctx = first.get("ctx") or {}
         if first["type"] == ERROR_TYPE:
-            return self.problem((*loc, *ctx.get("at", ())), first["msg"], label=label, bare=bool(ctx.get("bare")))
+            reason = first["msg"]
+            if ctx.get("_refer") is not None:
+                reason = reason.replace("{refer}", label((*loc, *ctx["_refer"])))
+            return self.problem((*loc, *ctx.get("_at", ())), reason, label=label, bare=bool(ctx.get("_bare")))
         return self.problem(loc, _reason(first["type"], first["msg"], first.get("input")), label=label)
 
 
