@@ -174,9 +174,9 @@ class _ProfileFile(_ProfileModel):
 
 
 def _require(ok: bool, key: str, why: str) -> None:
-    """A check across fields: the reason is reported at ``key``."""
+    """A check across fields: the reason is reported at ``key`` (dotted for a nested field)."""
     if not ok:
-        raise fail(why, key)
+        raise fail(why, *key.split("."))
 
 
 class Thermal(_ProfileModel):
