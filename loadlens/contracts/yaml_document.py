@@ -1,13 +1,15 @@
 """YAML documents validated by pydantic models, with errors that name the file, line, column and field.
 
 Every YAML file loadlens validates (the SLO file, sim profiles, load profiles) is read here, so a mistake is
-reported the same way: ``FILE:LINE:COL: field.path: reason``::
+found the same way: a :class:`Problem`, printed ``FILE:LINE:COL: field.path: reason`` (the SLO file's message;
+the profiles keep the wording their tests pin: a sim profile's adds the line and column, a load profile's error
+carries the problem)::
 
     doc = parse_yaml(path.read_text(), str(path))    # yaml.YAMLError if it is not YAML
     try:
         slo_doc = doc.validate(SloDocument)
     except DocumentInvalid as err:
-        print(err.problem)   # slos.yaml:17:19: classes[0].ttft_seconds: must be in (0.0, inf], got -1
+        print(err.problem)   # slos.yaml:17:5: classes[0].ttft_seconds: must be in (0.0, inf], got -1
 
 The document keeps PyYAML's node tree beside the data, so a pydantic error's ``loc`` (``("classes", 0,
 "ttft_seconds")``) finds its line: the key's mark for a mapping entry, the item's for a list item, and for a
