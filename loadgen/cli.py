@@ -3,7 +3,7 @@
 Locust runs as a child process (gevent patches the standard library, which must not happen inside the
 ``loadlens`` process); every option reaches it as a command-line flag, the API key through the environment.
 
-After Locust has finished it adds the run's verdict (``loadlens/util/verdict.py``: pass/fail against the SLO
+After Locust has finished it adds the run's verdict (``loadgen/verdict/``: pass/fail against the SLO
 file, the alerts and pages of the run's window, waiting for pending alerts at most ``--alert-wait`` s) to
 benchmark_result.json and prints it.
 
@@ -28,11 +28,13 @@ from loadgen.options import ENV_PREFIX, add_cli_option, default_run_id, http_url
 from loadgen.probe import TargetUnreachable, first_model
 from loadgen.profile import ProfileError, available_profiles, load_profile, resolve_profile_path
 from loadgen.results import write_result
+from loadgen.verdict.checks import build_verdict
+from loadgen.verdict.console import verdict_text
+from loadgen.verdict.observer import DEFAULT_ALERT_WAIT_S, observe
 from loadlens.contracts.results import RESULT_FILE, ResultsError, parse_result
 from loadlens.contracts.slo import SLOConfig, SLOConfigError, load_slos
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number
 from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
-from loadlens.util.verdict import DEFAULT_ALERT_WAIT_S, build_verdict, observe, verdict_text
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 

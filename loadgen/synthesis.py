@@ -1,7 +1,7 @@
 """Prompt texts of an exact token count: synthetic content, and trace rows with the trace's prefix sharing.
 
 Without a tokenizer (the default) a text of n tokens is n words, each one token in the sim's tokenizer and in
-common BPE vocabularies (``loadgen/prompts.py`` ``WORDS``). With one (``loadgen/tokenizer.py``) the words that
+common BPE vocabularies (``loadgen/words.py`` ``WORDS``). With one (``loadgen/tokenizer.py``) the words that
 are one token under it are kept and every text is counted whole and corrected.
 
 Usage::

@@ -32,16 +32,14 @@ import math
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loadgen import conversations
 from loadgen.conversations import Conversation
+from loadgen.dist import Dist
 from loadgen.profile import Profile
 from loadgen.prompts import PreparedRequest, PromptFactory
 from loadgen.record import RequestRecord
-
-if TYPE_CHECKING:
-    from loadgen.store import Dist
 
 TURN_FIGURES_MAX = 32
 """Per-turn figures are kept for turns 1 … 31 one by one and for turn 32 and later together (key ``32+``)."""
@@ -118,8 +116,6 @@ class WorkloadStats:
     def _turn(self, stage: StageWorkload, key: str) -> TurnStats:
         entry = stage.turns.get(key)
         if entry is None:
-            from loadgen.store import Dist  # the store holds these stats: imported here to avoid a cycle
-
             entry = stage.turns[key] = TurnStats(Dist(self.ttft_bounds))
         return entry
 
@@ -168,8 +164,6 @@ class WorkloadStats:
 
     @classmethod
     def from_wire(cls, ttft_bounds: tuple[float, ...], doc: Mapping[str, Any]) -> WorkloadStats:
-        from loadgen.store import Dist
-
         stats = cls(ttft_bounds)
         for name, sdoc in doc.items():
             entry = stats.stage(str(name))

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from loadlens.contracts.ports import GPU_JOB, LOADGEN_JOB, PAGER_JOB, SERVE_JOB, job_selector
+from loadlens.contracts.yaml_document import Document, DocumentInvalid, fail, parse_yaml
 
 DEFAULT_SLO_FILE = Path(__file__).with_name("slos.yaml")
 
@@ -75,96 +78,230 @@ class SLOConfig:
         return [c.thresholds()[slo] for c in self.classes]
 
 
-def _num(section: dict[str, Any], key: str, where: str, *, lo: float = 0.0, hi: float = math.inf) -> float:
-    if key not in section:
-        raise SLOConfigError(f"{where}.{key}: missing")
-    value = section[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SLOConfigError(f"{where}.{key}: must be a number, got {value!r}")
-    if not lo < float(value) <= hi:
-        raise SLOConfigError(f"{where}.{key}: must be in ({lo}, {hi}], got {value!r}")
-    return float(value)
+# --- the document ---------------------------------------------------------------------------------------------
+# The SLO file's schema as pydantic models; load_slos builds the frozen SLOConfig above from them. Reasons are
+# written with fail() so every message reads "FILE:LINE:COL: field: reason" (yaml_document).
 
 
-def _int(section: dict[str, Any], key: str, where: str) -> int:
-    value = section.get(key)
+def _number(hi: float = math.inf) -> BeforeValidator:
+    """A finite number in (0, hi]."""
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise fail(f"must be a number, got {value!r}")
+        if not 0.0 < float(value) <= hi:
+            raise fail(f"must be in ({0.0}, {hi}], got {value!r}")
+        return float(value)
+
+    return BeforeValidator(check)
+
+
+def _integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SLOConfigError(f"{where}.{key}: must be an integer, got {value!r}")
+        raise fail(f"must be an integer, got {value!r}")
     return value
 
 
-def parse_slos(doc: Any, source: str = "<memory>") -> SLOConfig:
-    if not isinstance(doc, dict):
-        raise SLOConfigError(f"{source}: top level must be a mapping")
-    if doc.get("version") != 1:
-        raise SLOConfigError(f"{source}: version must be 1, got {doc.get('version')!r}")
-    raw_classes = doc.get("classes")
-    if not isinstance(raw_classes, list) or not raw_classes:
-        raise SLOConfigError(f"{source}: classes must be a non-empty list")
-    classes: list[PriorityClass] = []
-    for i, raw in enumerate(raw_classes):
-        where = f"classes[{i}]"
-        if not isinstance(raw, dict):
-            raise SLOConfigError(f"{where}: must be a mapping")
-        name = raw.get("name")
-        if not isinstance(name, str) or not name.isidentifier():
-            raise SLOConfigError(f"{where}.name: must be an identifier-like string, got {name!r}")
-        pmin, pmax = _int(raw, "priority_min", where), _int(raw, "priority_max", where)
-        if pmin > pmax:
-            raise SLOConfigError(f"{where}: priority_min {pmin} > priority_max {pmax}")
-        classes.append(
-            PriorityClass(
-                name=name,
-                description=str(raw.get("description", "")),
-                priority_min=pmin,
-                priority_max=pmax,
-                objective_ratio=_num(raw, "objective_ratio", where, hi=1.0),
-                ttft_seconds=_num(raw, "ttft_seconds", where),
-                itl_seconds=_num(raw, "itl_seconds", where),
-                e2e_seconds=_num(raw, "e2e_seconds", where),
+def _section(name: str) -> Callable[[Any], Any]:
+    """An optional section: absent or empty (any false value) is ``{}``; anything but a mapping names it."""
+
+    def check(value: Any) -> Any:
+        if not value:
+            return {}
+        if not isinstance(value, dict):
+            raise fail(f"{name} must be a mapping", bare=True)
+        return value
+
+    return check
+
+
+Positive = Annotated[float, _number()]
+Ratio = Annotated[float, _number(1.0)]
+Integer = Annotated[int, BeforeValidator(_integer)]
+Huge = Annotated[float | None, _number(1e9)]
+Share = Annotated[float | None, _number(1.0)]
+
+
+class _Doc(BaseModel):
+    """A mapping in the SLO file. A field declared ``Field(None, validate_default=True)`` is checked when
+    absent too, so its own validator words the reason (``must be an integer, got None``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise fail("must be a mapping")
+        return value
+
+
+class ClassDoc(_Doc):
+    name: str = Field(None, validate_default=True)
+    description: str = ""
+    priority_min: Integer = Field(None, validate_default=True)
+    priority_max: Integer = Field(None, validate_default=True)
+    objective_ratio: Ratio
+    ttft_seconds: Positive
+    itl_seconds: Positive
+    e2e_seconds: Positive
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _identifier(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value.isidentifier():
+            raise fail(f"must be an identifier-like string, got {value!r}")
+        return value
+
+    @field_validator("description", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> str:
+        return str(value)
+
+    @model_validator(mode="after")
+    def _range(self) -> ClassDoc:
+        if self.priority_min > self.priority_max:
+            raise fail(f"priority_min {self.priority_min} > priority_max {self.priority_max}")
+        return self
+
+
+class AvailabilityDoc(_Doc):
+    objective_ratio: Ratio
+
+
+class LoraSwapDoc(_Doc):
+    delay_seconds: Positive
+    max_delayed_ratio: Ratio
+
+
+_DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d)$")
+
+
+class AlertingDoc(_Doc):
+    """The thresholds of the non-SLO alerts; absent keys are fine here (the rule generator requires what it
+    uses)."""
+
+    runbook_base_url: str | None = None
+    min_request_rate: Huge = None
+    latency_window: str | None = None
+    latency_for: str | None = None
+    error_ratio: Share = None
+    goodput_ratio_min: Share = None
+    waiting_requests: Huge = None
+    kv_cache_usage_ratio: Share = None
+    preemptions_per_second: Huge = None
+    gpu_exporter_stale_seconds: Huge = None
+    loadgen_cpu_ratio: Share = None
+    fairness_index_min: Share = None
+    # Rules select each process by its Prometheus job (the ports table); a file may override a selector, e.g.
+    # to add a cluster matcher, but names no job itself.
+    selectors: dict[str, str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, value: Any) -> Any:
+        for key in value:
+            if key not in cls.model_fields:
+                raise fail("unknown key", key)
+        return value
+
+    @field_validator("latency_window", "latency_for", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> str:
+        if not isinstance(value, str) or not _DURATION.match(value):
+            raise fail(f"must be a Prometheus duration like 1m, got {value!r}")
+        return value
+
+    @field_validator("selectors", mode="before")
+    @classmethod
+    def _selectors(cls, value: Any) -> dict[str, str]:
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise fail("must map names to PromQL label matchers")
+        unknown = sorted(set(value) - set(DEFAULT_SELECTORS))
+        if unknown:
+            raise fail(f"unknown name (known: {', '.join(sorted(DEFAULT_SELECTORS))})", unknown[0])
+        return value
+
+    @field_validator("runbook_base_url", mode="before")
+    @classmethod
+    def _url(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value.startswith(("http://", "https://")) or "#" in value:
+            raise fail(
+                f"must be an absolute http(s) URL without a #fragment (a link a browser or pager can open), got "
+                f"{value!r}"
             )
-        )
-    names = [c.name for c in classes]
-    if len(set(names)) != len(names):
-        raise SLOConfigError(f"{source}: duplicate class names {names}")
-    ordered = sorted(classes, key=lambda c: c.priority_min)
-    for a, b in zip(ordered, ordered[1:], strict=False):
-        if b.priority_min <= a.priority_max:
-            raise SLOConfigError(f"classes {a.name} and {b.name}: priority ranges overlap")
-        if b.priority_min != a.priority_max + 1:
-            raise SLOConfigError(f"classes {a.name} and {b.name}: gap between priority ranges")
-    avail = doc.get("availability") or {}
-    swap = doc.get("lora_swap") or {}
-    gpu = doc.get("gpu") or {}
-    training = doc.get("training") or {}
-    for section_name, section in (("availability", avail), ("lora_swap", swap), ("gpu", gpu), ("training", training)):
-        if not isinstance(section, dict):
-            raise SLOConfigError(f"{source}: {section_name} must be a mapping")
-    return SLOConfig(
-        classes=tuple(classes),
-        availability_objective_ratio=_num(avail, "objective_ratio", "availability", hi=1.0),
-        lora_swap=LoraSwapSLO(
-            delay_seconds=_num(swap, "delay_seconds", "lora_swap"),
-            max_delayed_ratio=_num(swap, "max_delayed_ratio", "lora_swap", hi=1.0),
-        ),
-        gpu={k: _num(gpu, k, "gpu") for k in gpu},
-        training={k: _num(training, k, "training") for k in training},
-        source=source,
-        alerting=_alerting(doc.get("alerting") or {}),
+        return value
+
+    def settings(self) -> dict[str, Any]:
+        """The section as SLOConfig.alerting holds it: the keys the file sets, and every selector."""
+        out: dict[str, Any] = {"selectors": dict(DEFAULT_SELECTORS)}
+        for key, value in self.model_dump(exclude_unset=True).items():
+            out[key] = {**DEFAULT_SELECTORS, **value} if key == "selectors" else value
+        return out
+
+
+class SloDocument(_Doc):
+    """The SLO file (slos.yaml)."""
+
+    version: int = Field(None, validate_default=True)
+    classes: list[ClassDoc] = Field(None, validate_default=True)
+    availability: Annotated[AvailabilityDoc, BeforeValidator(_section("availability"))] = Field(
+        None, validate_default=True
+    )
+    lora_swap: Annotated[LoraSwapDoc, BeforeValidator(_section("lora_swap"))] = Field(None, validate_default=True)
+    gpu: Annotated[dict[str, Positive], BeforeValidator(_section("gpu"))] = Field(default_factory=dict)
+    training: Annotated[dict[str, Positive], BeforeValidator(_section("training"))] = Field(default_factory=dict)
+    alerting: Annotated[AlertingDoc, BeforeValidator(_section("alerting"))] = Field(
+        default_factory=lambda: AlertingDoc()
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _top(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise fail("top level must be a mapping")
+        return value
 
-_ALERT_NUMBERS = {
-    "min_request_rate": 1e9,
-    "error_ratio": 1.0,
-    "goodput_ratio_min": 1.0,
-    "waiting_requests": 1e9,
-    "kv_cache_usage_ratio": 1.0,
-    "preemptions_per_second": 1e9,
-    "gpu_exporter_stale_seconds": 1e9,
-    "loadgen_cpu_ratio": 1.0,
-    "fairness_index_min": 1.0,
-}
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> int:
+        if value != 1:
+            raise fail(f"version must be 1, got {value!r}", bare=True)
+        return 1
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _non_empty(cls, value: Any) -> Any:
+        if not isinstance(value, list) or not value:
+            raise fail("classes must be a non-empty list", bare=True)
+        return value
+
+    @field_validator("classes")
+    @classmethod
+    def _ranges(cls, classes: list[ClassDoc]) -> list[ClassDoc]:
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise fail(f"duplicate class names {names}", bare=True)
+        ordered = sorted(classes, key=lambda c: c.priority_min)
+        for a, b in zip(ordered, ordered[1:], strict=False):
+            if b.priority_min <= a.priority_max:
+                raise fail(f"classes {a.name} and {b.name}: priority ranges overlap", bare=True)
+            if b.priority_min != a.priority_max + 1:
+                raise fail(f"classes {a.name} and {b.name}: gap between priority ranges", bare=True)
+        return classes
+
+    def config(self, source: str) -> SLOConfig:
+        return SLOConfig(
+            classes=tuple(PriorityClass(**c.model_dump()) for c in self.classes),
+            availability_objective_ratio=self.availability.objective_ratio,
+            lora_swap=LoraSwapSLO(self.lora_swap.delay_seconds, self.lora_swap.max_delayed_ratio),
+            gpu=dict(self.gpu),
+            training=dict(self.training),
+            source=source,
+            alerting=self.alerting.settings(),
+        )
+
+
 # The selector of each process the rules watch, from the ports table's job names.
 DEFAULT_SELECTORS: dict[str, str] = {
     "serving": job_selector(SERVE_JOB),
@@ -172,53 +309,30 @@ DEFAULT_SELECTORS: dict[str, str] = {
     "loadgen": job_selector(LOADGEN_JOB),
     "pager": job_selector(PAGER_JOB),
 }
-_DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d)$")
 
 
-def _alerting(section: Any) -> dict[str, Any]:
-    """Validate the alerting section; absent keys are fine here (the rule generator requires what it uses)."""
-    if not isinstance(section, dict):
-        raise SLOConfigError("alerting must be a mapping")
-    # Rules select each process by its Prometheus job (the ports table); a file may override a selector, e.g.
-    # to add a cluster matcher, but names no job itself.
-    out: dict[str, Any] = {"selectors": dict(DEFAULT_SELECTORS)}
-    for key, value in section.items():
-        if key in _ALERT_NUMBERS:
-            out[key] = _num(section, key, "alerting", hi=_ALERT_NUMBERS[key])
-        elif key in ("latency_window", "latency_for"):
-            if not isinstance(value, str) or not _DURATION.match(value):
-                raise SLOConfigError(f"alerting.{key}: must be a Prometheus duration like 1m, got {value!r}")
-            out[key] = value
-        elif key == "selectors":
-            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-                raise SLOConfigError("alerting.selectors: must map names to PromQL label matchers")
-            unknown = sorted(set(value) - set(DEFAULT_SELECTORS))
-            if unknown:
-                raise SLOConfigError(
-                    f"alerting.selectors.{unknown[0]}: unknown name (known: {', '.join(sorted(DEFAULT_SELECTORS))})"
-                )
-            out[key] = {**DEFAULT_SELECTORS, **value}
-        elif key == "runbook_base_url":
-            if not isinstance(value, str) or not value.startswith(("http://", "https://")) or "#" in value:
-                raise SLOConfigError(
-                    f"alerting.runbook_base_url: must be an absolute http(s) URL without a #fragment (a link a "
-                    f"browser or pager can open), got {value!r}"
-                )
-            out[key] = value
-        else:
-            raise SLOConfigError(f"alerting.{key}: unknown key")
-    return out
+def parse_slos(doc: Any, source: str = "<memory>") -> SLOConfig:
+    """Validate SLO data already in memory (no marks: errors name the field only)."""
+    return _validate(Document(doc), source)
+
+
+def _validate(doc: Document, source: str) -> SLOConfig:
+    try:
+        return doc.validate(SloDocument).config(source)
+    except DocumentInvalid as err:
+        raise SLOConfigError(str(err.problem)) from None
 
 
 def load_slos(path: str | Path | None = None) -> SLOConfig:
-    """Load and validate an SLO file (default: the packaged one). Raises :class:`SLOConfigError`."""
+    """Load and validate an SLO file (default: the packaged one). Raises :class:`SLOConfigError`, whose message
+    is ``FILE:LINE:COL: field: reason``."""
     file = Path(path) if path is not None else DEFAULT_SLO_FILE
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as err:
         raise SLOConfigError(f"cannot read SLO file {file}: {err.strerror}") from err
     try:
-        doc = yaml.safe_load(text)
+        doc = parse_yaml(text, str(file))
     except yaml.YAMLError as err:
         raise SLOConfigError(f"{file}: not valid YAML: {err}") from err
-    return parse_slos(doc, str(file))
+    return _validate(doc, str(file))

@@ -23,6 +23,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from loadlens.util.packaged import UnknownName, packaged_names, resolve_packaged
+
 PACKAGED = Path(__file__).with_name("experiments")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,62}$")
 
@@ -312,19 +314,17 @@ def _axis_values(axis: SweepAxis, params: dict[str, Param], where: str) -> list[
 
 
 def available_experiments() -> list[str]:
-    return sorted(p.stem for p in PACKAGED.glob("*.yaml"))
+    return packaged_names(PACKAGED)
 
 
 def resolve_experiment_path(name_or_path: str) -> Path:
-    packaged = PACKAGED / f"{name_or_path}.yaml"
-    if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")) and packaged.is_file():
-        return packaged
-    path = Path(name_or_path)
-    if not path.is_file():
+    """A packaged experiment name or a YAML path (the rule of ``loadlens/util/packaged.py``)."""
+    try:
+        return resolve_packaged(name_or_path, PACKAGED, "experiment")
+    except UnknownName as err:
         raise ExperimentError(
-            f"experiment {name_or_path!r}: no such packaged experiment ({', '.join(available_experiments())}) or file"
-        )
-    return path
+            f"experiment {name_or_path!r}: no such packaged experiment ({', '.join(err.known)}) or file"
+        ) from None
 
 
 def parse_experiment(doc: Any, source: Path) -> Experiment:

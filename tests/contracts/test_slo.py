@@ -77,3 +77,13 @@ def test_unreadable_and_unparsable_files(tmp_path: Path) -> None:
     bad.write_text("version: [1\n")
     with pytest.raises(SLOConfigError, match="not valid YAML"):
         load_slos(bad)
+
+
+def test_a_broken_file_names_file_line_column_and_field(tmp_path: Path) -> None:
+    text = DEFAULT_SLO_FILE.read_text().replace("    ttft_seconds: 2.5\n", "    ttft_seconds: -2.5\n")
+    bad = tmp_path / "slos.yaml"
+    bad.write_text(text)
+    line = text.splitlines().index("    ttft_seconds: -2.5") + 1
+    with pytest.raises(SLOConfigError) as info:
+        load_slos(bad)
+    assert str(info.value) == f"{bad}:{line}:5: classes[1].ttft_seconds: must be in (0.0, inf], got -2.5"

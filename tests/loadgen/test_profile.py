@@ -126,3 +126,22 @@ def test_sharegpt_path_is_relative_to_the_profile(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
     profile = load_profile(str(tmp_path / "p.yaml"))
     assert profile.traffic[0].prompt.path == tmp_path / "data.json"
+
+
+def test_a_file_error_holds_its_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(with_change("stages.0.users", 0), sort_keys=False))
+    line = path.read_text().splitlines().index("  users: 0") + 1
+    with pytest.raises(ProfileError) as err:
+        load_profile(str(path))
+    assert str(err.value) == "profile bad.yaml: stages[0].users: must be >= 1, got 0"
+    assert err.value.problem is not None
+    assert str(err.value.problem) == f"{path}:{line}:3: stages[0].users: must be >= 1, got 0"
+
+
+def test_a_file_saved_without_an_extension_loads_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("mine").write_text(yaml.safe_dump(BASE))
+    assert load_profile("mine").name == "t"
+    with pytest.raises(ProfileError, match=r"^profile file missing.yaml: not found$"):
+        load_profile("missing.yaml")

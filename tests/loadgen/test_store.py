@@ -6,9 +6,10 @@ import random
 
 import pytest
 
+from loadgen.dist import Dist
 from loadgen.metrics import bucket_bounds
 from loadgen.record import RequestRecord
-from loadgen.store import Dist, Store
+from loadgen.store import Store
 from loadlens.contracts.slo import load_slos
 
 SLOS = load_slos()

@@ -26,10 +26,11 @@ from exporters.serving.engines.sim.tokenizer import count_tokens, encode
 from exporters.serving.protocol import parse_request
 from loadgen.dispatch import Slot, StageDispatch, TraceSchedule, schedule_for
 from loadgen.profile import ProfileError, Stage, load_profile, parse_profile
-from loadgen.prompts import WORDS, PromptFactory
+from loadgen.prompts import PromptFactory
 from loadgen.synthesis import ExactText, TraceText
 from loadgen.tokenizer import TokenizerError, load_tokenizer
 from loadgen.traces import TraceError, TraceRow, detect_format, read_trace
+from loadgen.words import WORDS
 from loadlens.contracts import results as R
 from tests.loadgen.conftest import loadlens, result_of, run_child, write_profile
 from tests.support.paths import ROOT

@@ -141,3 +141,15 @@ def test_invalid_default_knobs_in_a_profile_name_the_file(tmp_path: Path) -> Non
     with pytest.raises(ProfileError) as err:
         SimEngine(load_model_profile(path), load_gpu_profile("h100-sxm"), registry=CollectorRegistry())
     assert str(err.value).startswith(f"profile {path}: field 'default_knobs.max_num_seqs': ")
+
+
+def test_a_broken_field_is_named_with_its_line_and_column(tmp_path: Path) -> None:
+    text = (GPU_DIR / "h100-sxm.yaml").read_text().replace("  slowdown_celsius: 87\n", "  slowdown_celsius: 20\n")
+    path = tmp_path / "gpu.yaml"
+    path.write_text(text)
+    line = text.splitlines().index("  slowdown_celsius: 20") + 1
+    with pytest.raises(ProfileError) as err:
+        load_gpu_profile(str(path))
+    assert str(err.value) == (
+        f"profile {path}: line {line}, column 3: field 'thermal.slowdown_celsius': must be above ambient_celsius"
+    )

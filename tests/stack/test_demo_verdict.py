@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from loadgen.verdict.observer import parse_time
 from loadlens import demo
 from loadlens.contracts.results import BenchmarkResult, parse_result
 from loadlens.stack.runner import Stack
-from loadlens.util.verdict import parse_time
 from tests.loadgen.conftest import run_child, write_profile
 from tests.support.stack import running_stack
 
