@@ -285,4 +285,7 @@ def load_profile(name_or_path: str) -> Profile:
     try:
         return _parse(doc, str(path), path.parent, hashlib.sha256(raw).hexdigest())
     except ProfileError as err:
-        raise ProfileError(f"profile {path.name}: {err}", err.problem) from err
+        where = path.name  # the file's name, then the mistake's line and column where the document has them
+        if err.problem is not None and err.problem.line is not None:
+            where += f":{err.problem.line}:{err.problem.column}"
+        raise ProfileError(f"profile {where}: {err}", err.problem) from err

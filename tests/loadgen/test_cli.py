@@ -57,10 +57,11 @@ def test_invalid_profile_exits_2_naming_the_field(tmp_path: Path) -> None:
     bad = write_profile(
         tmp_path / "bad.yaml", {"traffic": [{"name": "a"}], "stages": [{"name": "s", "users": 0, "duration": 1}]}
     )
+    line = bad.read_text().splitlines().index("  users: 0") + 1
     proc = run_child(loadlens("--profile", str(bad), "--headless"), timeout=20)
     assert proc.returncode == 2
     assert proc.stdout.strip().splitlines()[-1] == (
-        "loadlens load: error: profile bad.yaml: stages[0].users: must be >= 1, got 0"
+        f"loadlens load: error: profile bad.yaml:{line}:3: stages[0].users: must be >= 1, got 0"
     )
 
 
@@ -113,7 +114,8 @@ def test_plain_locust_rejects_a_bad_profile_with_exit_2(tmp_path: Path) -> None:
         timeout=30,
     )
     assert proc.returncode == 2
-    assert "loadlens: error: profile bad.yaml: traffic: must be a non-empty list" in proc.stdout
+    line = bad.read_text().splitlines().index("traffic: []") + 1
+    assert f"loadlens: error: profile bad.yaml:{line}:1: traffic: must be a non-empty list" in proc.stdout
 
 
 def test_plain_locust_unreachable_target() -> None:

@@ -134,7 +134,7 @@ def test_a_file_error_holds_its_line_and_column(tmp_path: Path) -> None:
     line = path.read_text().splitlines().index("  users: 0") + 1
     with pytest.raises(ProfileError) as err:
         load_profile(str(path))
-    assert str(err.value) == "profile bad.yaml: stages[0].users: must be >= 1, got 0"
+    assert str(err.value) == f"profile bad.yaml:{line}:3: stages[0].users: must be >= 1, got 0"
     assert err.value.problem is not None
     assert str(err.value.problem) == f"{path}:{line}:3: stages[0].users: must be >= 1, got 0"
 

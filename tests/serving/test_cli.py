@@ -107,7 +107,8 @@ def test_broken_slo_file_rejected_before_start(tmp_path: Path) -> None:
     bad.write_text("version: 1\nclasses: []\n")
     proc = _run("serve", "--engine", "openai", "--upstream", "http://127.0.0.1:1", "--slo-file", str(bad))
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"loadlens serve: error: {bad}: classes must be a non-empty list"]
+    # The file, then the line and column of the mistake (the empty list sits on line 2).
+    assert proc.stderr.strip().splitlines() == [f"loadlens serve: error: {bad}:2:1: classes must be a non-empty list"]
 
 
 def test_main_returns_2_on_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

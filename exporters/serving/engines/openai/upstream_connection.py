@@ -9,7 +9,7 @@ the consumer holds.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 
@@ -23,14 +23,23 @@ from exporters.serving.engines.openai.upstream_http import (
     UpstreamHTTPError,
 )
 
-if TYPE_CHECKING:
-    from exporters.serving.engines.openai.upstream_pool import ConnectionPool
+
+class Owner(Protocol):
+    """What a connection needs of the pool that holds it (upstream_pool.ConnectionPool); a protocol here, so
+    this module, which the pool imports, needs nothing of it."""
+
+    loop: asyncio.AbstractEventLoop
+    read_timeout_s: float
+
+    def lost(self, conn: Connection) -> None: ...
+
+    def give_back(self, conn: Connection) -> None: ...
 
 
 class Connection(asyncio.Protocol):
     """One keep-alive connection; one request at a time. Also the httptools callback object."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: Owner) -> None:
         self._pool = pool
         self._loop = pool.loop
         self.transport: asyncio.Transport | None = None

@@ -30,13 +30,25 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_module
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from exporters.serving.engines.openai.upstream_connection import Connection
+from typing import Protocol
 
 OnData = Callable[[bytes], None]
 OnEnd = Callable[["BaseException | None"], None]
+
+
+class BodySource(Protocol):
+    """What a :class:`Response` needs of the connection it arrives on (upstream_connection.Connection); a
+    protocol here, so this module, which the connection imports, needs nothing of it."""
+
+    on_data: OnData | None
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class UpstreamHTTPError(Exception):
@@ -78,7 +90,7 @@ class Response:
 
     __slots__ = ("status", "headers", "reused", "_conn", "_on_data", "_on_end", "_buffer", "_ended", "_error", "_done")
 
-    def __init__(self, conn: Connection, status: int, headers: dict[str, str], reused: bool) -> None:
+    def __init__(self, conn: BodySource, status: int, headers: dict[str, str], reused: bool) -> None:
         self.status = status
         self.headers = headers
         self.reused = reused
