@@ -359,9 +359,8 @@ def _load(name_or_path: str, directory: Path, kind: str, model: type[P]) -> P:
 
 
 def _message(problem: Problem) -> str:
-    """``profile FILE: line L, column C: field 'F': reason``."""
-    where = "" if problem.line is None else f"line {problem.line}, column {problem.column}: "
-    return f"profile {problem.file}: {where}field '{problem.field}': {problem.reason}"
+    """``profile FILE:LINE:COL: field 'F': reason``, the file's place written as in every loadlens document error."""
+    return f"profile {problem.where}: field '{problem.field}': {problem.reason}"
 
 
 def _read(path: Path) -> Document:
