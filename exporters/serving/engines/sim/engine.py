@@ -50,7 +50,7 @@ from exporters.serving.engine import (
     RequestStream,
     RequestTiming,
 )
-from exporters.serving.engines.sim import roofline
+from exporters.serving.engines.sim import roofline, stats
 from exporters.serving.engines.sim.admission import check_request
 from exporters.serving.engines.sim.admission_window import window_close
 from exporters.serving.engines.sim.device_model import DeviceModel
@@ -68,21 +68,6 @@ from exporters.serving.engines.sim.lora_adapters import AdapterRegistry
 from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
 from exporters.serving.engines.sim.sched_types import Adapter, SchedRequest
 from exporters.serving.engines.sim.scheduler import Scheduler
-from exporters.serving.engines.sim.stats import (
-    AdapterRead,
-    BlockEviction,
-    EarlyEnd,
-    EngineStats,
-    IterationStats,
-    KnobChange,
-    LoraStats,
-    Rejection,
-    RejectReason,
-    StatLogger,
-    StatLoggers,
-    StepStats,
-    WakeupStats,
-)
 from exporters.serving.engines.sim.step_pricing import price_step
 from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.timer import DeadlineTimer, Timer
@@ -118,7 +103,7 @@ class SimEngine(Engine):
         seed: int = 0,
         jitter: float = 0.0,
         knobs: Mapping[str, Any] | None = None,
-        stat_loggers: Sequence[StatLogger] = (),
+        stat_loggers: Sequence[stats.StatLogger] = (),
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[asyncio.AbstractEventLoop], Timer] = DeadlineTimer,
     ) -> None:
@@ -144,9 +129,11 @@ class SimEngine(Engine):
         cache_info = cache_config_info(k, self._state.override)
         prometheus = VllmMetrics(registry, model_name=self.served_model_name, max_model_len=k.max_model_len,
                                  cache_info=cache_info, max_loras=k.max_loras)  # fmt: skip
-        self._stats: StatLogger = StatLoggers([prometheus, *stat_loggers]) if stat_loggers else prometheus
+        self._stats: stats.StatLogger = stats.StatLoggers([prometheus, *stat_loggers]) if stat_loggers else prometheus
         self._sched.pool.clock = clock
-        self._sched.pool.on_evict = lambda life, idle, gaps: self._stats.record_event(BlockEviction(life, idle, gaps))
+        self._sched.pool.on_evict = lambda life, idle, gaps: self._stats.record_event(
+            stats.BlockEviction(life, idle, gaps)
+        )
         self._device = DeviceModel(model, gpu, seed=seed, clock=clock)
         self._device.configure(k)
         self._words = make_words(seed)
@@ -254,8 +241,8 @@ class SimEngine(Engine):
         self._on_arrival(now)
         return stream
 
-    def _reject(self, reason: RejectReason, why: str) -> None:
-        self._stats.record_event(Rejection(reason))
+    def _reject(self, reason: stats.RejectReason, why: str) -> None:
+        self._stats.record_event(stats.Rejection(reason))
         raise EngineError(ErrorKind.QUEUE_FULL, f"Server is overloaded: {why}; retry later.",
                           retry_after_seconds=self._live.retry_after())  # fmt: skip
 
@@ -286,7 +273,7 @@ class SimEngine(Engine):
             return
         self._sched.abort(live.sched)
         live.stream.timing.finished = self._clock()
-        self._stats.record_event(EarlyEnd(reason))
+        self._stats.record_event(stats.EarlyEnd(reason))
         if notify:
             live.stream.push(OutputEvent("", 0, live.prompt_tokens, live.sched.num_output, finish_reason=reason))
 
@@ -345,7 +332,7 @@ class SimEngine(Engine):
             return
         await self._timer.sleep_until(when)
 
-    def _advance_cursor(self, deadline: float) -> tuple[float, WakeupStats]:
+    def _advance_cursor(self, deadline: float) -> tuple[float, stats.WakeupStats]:
         """Move the schedule on from ``deadline``; returns now (wall) and how late the loop woke."""
         now = self._clock()
         wakeup = self._lateness.woke(deadline, now)
@@ -396,10 +383,10 @@ class SimEngine(Engine):
             self._device.free_adapter(a)
         self._device.record_step(step.cost, batch.shape, busy_start=step.busy_start, end=step.end)
         written = roofline.kv_bytes_per_token(self.model) * batch.shape.num_tokens
-        stats = StepStats(step.end - t0, batch.shape.num_seqs, len(batch.preempted), batch.prefix_queries,
+        step_stats = stats.StepStats(step.end - t0, batch.shape.num_seqs, len(batch.preempted), batch.prefix_queries,
                           batch.prefix_hits, list(step.adapter_loads), flops=step.cost.flops,
                           read_bytes=step.cost.bytes_moved - written, write_bytes=written)  # fmt: skip
-        self._stats.record_step(stats)
+        self._stats.record_step(step_stats)
 
         await self._sleep_until(step.end)
         now, wakeup = self._advance_cursor(step.end)
@@ -418,18 +405,22 @@ class SimEngine(Engine):
             await asyncio.sleep(0)
 
     def _publish(
-        self, wakeup: WakeupStats | None = None, iteration: IterationStats | None = None, *, idle: bool = False
+        self,
+        wakeup: stats.WakeupStats | None = None,
+        iteration: stats.IterationStats | None = None,
+        *,
+        idle: bool = False,
     ) -> None:
-        """Hand the logger the engine's state, with what the loop learned since (see :class:`EngineStats`)."""
+        """Hand the logger the engine's state, with what the loop learned since (see :class:`stats.EngineStats`)."""
         s = self._sched
-        lora: LoraStats | None = None
+        lora: stats.LoraStats | None = None
         waiting: tuple[str, ...] = ()
         running: tuple[str, ...] = ()
         if self._live.with_lora:  # walking the queues is skipped while no request uses an adapter
             waiting, running = s.adapters_in_use()
         if len(self._adapters) or running or waiting:
-            lora = LoraStats(self._state.knobs.max_loras, waiting, running)
-        self._stats.record(EngineStats(s.stats(), lora, wakeup, iteration, idle))
+            lora = stats.LoraStats(self._state.knobs.max_loras, waiting, running)
+        self._stats.record(stats.EngineStats(s.stats(), lora, wakeup, iteration, idle))
 
     # --- adapters ------------------------------------------------------------------------------------------
 
@@ -459,7 +450,7 @@ class SimEngine(Engine):
         t0 = max(self._cursor, op.enqueued)
         seconds = roofline.adapter_read_seconds(self.gpu, op.adapter.nbytes)
         t1 = t0 + seconds / self.speed
-        self._stats.record_event(AdapterRead(t1 - t0))
+        self._stats.record_event(stats.AdapterRead(t1 - t0))
         await self._sleep_until(t1)
         _, wakeup = self._advance_cursor(t1)
         self._live.charge_block(t0, t1)
@@ -467,7 +458,7 @@ class SimEngine(Engine):
         if not op.done.done():
             op.done.set_result(None)
 
-    def _register(self, adapter: Adapter, wakeup: WakeupStats | None = None) -> None:
+    def _register(self, adapter: Adapter, wakeup: stats.WakeupStats | None = None) -> None:
         self._adapters.add(adapter)
         self._sched.cache_adapter(adapter)
         self._publish(wakeup)
@@ -504,6 +495,6 @@ class SimEngine(Engine):
         for a in done.evicted:
             self._device.free_adapter(a)
         self._device.configure(k)
-        self._stats.record_event(KnobChange(len(done.preempted), cache_config_info(k, new.override)))
+        self._stats.record_event(stats.KnobChange(len(done.preempted), cache_config_info(k, new.override)))
         self._publish()
         return self.knobs()
