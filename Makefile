@@ -24,7 +24,7 @@ help:
 	@echo "make lint   - ruff"
 	@echo "make generate - regenerate derived files (alerts/, dashboards/, deploy/compose/, k8s/base/generated/)"
 	@echo "make k8s-render OVERLAY=sim|gpu - print the Kubernetes objects of an overlay"
-	@echo "make fixtures - regenerate committed golden files (metrics exposition)"
+	@echo "make fixtures - regenerate committed golden files (metrics exposition, result files)"
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	@echo "setting up $(VENV): loadlens with its extras and the CPU build of torch (a minute or two on a fresh machine)"

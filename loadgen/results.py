@@ -19,12 +19,39 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from loadgen.profile import BASE_MODEL, Profile, Stage, Traffic
 from loadgen.store import Series, Store
 from loadgen.workload import workload_block
-from loadlens.contracts.results import RESULT_FILE, SCHEMA, SCHEMA_VERSION, BenchmarkResult
+from loadlens.contracts.results import (
+    RESULT_FILE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    BenchmarkResult,
+    CountDistribution,
+    Distribution,
+    Figures,
+    Overall,
+    PrefixGroup,
+    ProfileInfo,
+    RunInfo,
+    ServerFigures,
+    SLOClass,
+    SLOInfo,
+    StageResult,
+    StageSaturation,
+    SummaryRow,
+    TokenizerInfo,
+    TraceSource,
+    TrafficClass,
+    TrafficConversation,
+    TrafficPrefix,
+    Validity,
+    WorkloadFigures,
+)
 from loadlens.contracts.slo import SLOConfig
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
@@ -144,14 +171,12 @@ def fairness(store: Store, stages: set[str], classes: Iterable[str]) -> float | 
     return jain_index(tokens[c] / busy[c] for c in names)
 
 
-def _lag(store: Store, stage: str) -> dict[str, float | None]:
+def _lag(store: Store, stage: str) -> tuple[float | None, float | None]:
+    """The event loop's lag in the stage's window, p99 and max in ms; None without samples."""
     dist = store.loop_lag.get(stage)
     if dist is None or not dist.count:
-        return {"loadgen_loop_lag_p99_ms": None, "loadgen_loop_lag_max_ms": None}
-    return {
-        "loadgen_loop_lag_p99_ms": _num(dist.quantile(0.99) * 1e3),
-        "loadgen_loop_lag_max_ms": _num(dist.max * 1e3),
-    }
+        return None, None
+    return _num(dist.quantile(0.99) * 1e3), _num(dist.max * 1e3)
 
 
 def _peak(tokens_by_second: Mapping[int, int], start: float, end: float) -> int | None:
@@ -174,17 +199,19 @@ def traffic_workload(t: Traffic) -> dict[str, Any]:
     total = sum(w for _, w in t.adapters)
     prefix = None
     if t.prefix is not None:
-        prefix = {
-            "count": t.prefix.count,
-            "tokens": t.prefix.tokens,
-            "groups": [{"share": share, "tokens": t.prefix.group_tokens(i)} for i, share in enumerate(t.prefix.shares)],
-        }
+        prefix = TrafficPrefix(
+            count=t.prefix.count,
+            tokens=t.prefix.tokens,
+            groups=[
+                PrefixGroup(share=share, tokens=t.prefix.group_tokens(i)) for i, share in enumerate(t.prefix.shares)
+            ],
+        )
     conversation = None
     if t.conversation is not None:
-        conversation = {
-            "turns": asdict(t.conversation.turns),
-            "think_time_s": asdict(t.conversation.think_time_s),
-        }
+        conversation = TrafficConversation(
+            turns=CountDistribution(**asdict(t.conversation.turns)),
+            think_time_s=Distribution(**asdict(t.conversation.think_time_s)),
+        )
     return {
         "adapters": {m or BASE_MODEL: round(w / total, 6) for m, w in t.adapters} if t.adapters else None,
         "prefix": prefix,
@@ -197,28 +224,212 @@ def _sig3(x: float | None) -> float | None:
     return None if x is None else float(f"{x:.3g}")
 
 
-def trace_source(stage: Stage, series: Series) -> dict[str, Any] | None:
+def trace_source(stage: Stage, series: Series) -> TraceSource | None:
     """A trace stage's ``trace``: the file (its sha256), the rows selected and sent, the time scaling."""
     t = stage.trace
     if t is None:
         return None
-    return {
-        "path": t.path,
-        "format": t.data.format,
-        "sha256": t.data.sha256,
-        "rows": len(t.rows),
-        "rows_skipped": t.data.rows_skipped,
-        "rows_sent": series.completed + series.failed + series.outcomes.get("cancelled", 0),
-        "speedup": t.speedup,
-        "time_scale": t.time_scale,
-        "span_seconds": _num(t.span_s),
-        "start": t.start,
-        "end": t.end,
-        "limit": t.limit,
-        "model": t.model,
-        "block_size": t.block_size if t.data.format == "mooncake" else None,
-        "output_tokens": "trace" if t.output_tokens is None else "distribution",
-    }
+    return TraceSource(
+        path=t.path,
+        format=t.data.format,
+        sha256=t.data.sha256,
+        rows=len(t.rows),
+        rows_skipped=t.data.rows_skipped,
+        rows_sent=series.completed + series.failed + series.outcomes.get("cancelled", 0),
+        speedup=t.speedup,
+        time_scale=t.time_scale,
+        span_seconds=_num(t.span_s),
+        start=t.start,
+        end=t.end,
+        limit=t.limit,
+        model=t.model,
+        block_size=t.block_size if t.data.format == "mooncake" else None,
+        output_tokens="trace" if t.output_tokens is None else "distribution",
+    )
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _given(model: type[M], doc: Mapping[str, Any], *where: str | int) -> M:
+    """A block the caller built as a mapping (run, validity, server figures, saturation), validated; an error
+    names its key by its place in the document (``run.hostnme``), as the whole document's validation would."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as err:
+        errors: list[Any] = [
+            {
+                "type": e["type"],
+                "loc": (*where, *e["loc"]),
+                "input": e["input"],
+                **({"ctx": e["ctx"]} if "ctx" in e else {}),
+            }
+            for e in err.errors()
+        ]
+        raise ValidationError.from_exception_data(BenchmarkResult.__name__, errors) from None
+
+
+def _stage(
+    position: int,
+    w: StageWindow,
+    store: Store,
+    profile: Profile,
+    shares: Mapping[str, float],
+    server: Mapping[str, Mapping[str, Any]] | None,
+    saturation: Mapping[str, Mapping[str, Any]] | None,
+) -> StageResult:
+    name = w.spec.name
+    names = {name}
+    keys = [k for k in store.series if k[0] == name]
+    lag_p99, lag_max = _lag(store, name)
+    stage = StageResult(
+        name=name,
+        index=w.index,
+        warmup=w.spec.warmup,
+        kind="open" if w.spec.open_loop else "closed",
+        target_users=w.spec.users,
+        target_rate=w.spec.rate if w.spec.trace is None else _sig3(w.spec.trace.mean_rate),
+        arrival=("trace" if w.spec.trace is not None else w.spec.arrival) if w.spec.open_loop else None,
+        max_concurrency=w.spec.max_concurrency if w.spec.open_loop else None,
+        start_time=iso(w.start),
+        end_time=iso(w.end),
+        start_timestamp=round(w.start, 3),
+        end_timestamp=round(w.end, 3),
+        end_reason=w.end_reason,
+        **block(store.merged(keys), w.duration, _peak(store.tokens_by_second, w.start, w.end)),
+        delivered_output_throughput=_num(store.window_tokens.get(name, 0) / w.duration) if w.duration > 0 else None,
+        loadgen_loop_lag_p99_ms=lag_p99,
+        loadgen_loop_lag_max_ms=lag_max,
+        loadgen_cpu_seconds=_num(store.cpu_seconds.get(name, 0.0)),
+        loadgen_cpu_ratio=_num(store.cpu_seconds.get(name, 0.0) / w.duration) if w.duration > 0 else None,
+        jain_fairness_index=_num(fairness(store, names, shares)),
+        classes={c: Figures(**block(s, w.duration)) for c, s in _sliced(store, names, 1).items()},
+        models={m: Figures(**block(s, w.duration)) for m, s in _sliced(store, names, 2).items()},
+        workload=WorkloadFigures(**workload_block(store.workload, names, profile.cache_block_size)),
+        trace=trace_source(w.spec, store.merged(keys)),
+    )
+    # Set only when given: a stage without them has no such key (an assignment counts as set, like the keywords).
+    if server is not None:
+        stage.server = _given(ServerFigures, server.get(name, {}), "stages", position, "server")
+    if saturation is not None and name in saturation:
+        stage.saturation = _given(StageSaturation, saturation[name], "stages", position, "saturation")
+    return stage
+
+
+def _overall(
+    windows: Sequence[StageWindow],
+    store: Store,
+    profile: Profile,
+    shares: Mapping[str, float],
+    saturation: Mapping[str, Mapping[str, Any]] | None,
+) -> Overall:
+    measured = [w for w in windows if not w.spec.warmup]
+    verdicts = {name: block.get("verdict") for name, block in (saturation or {}).items()}
+    names = {w.spec.name for w in measured}
+    duration = sum(w.duration for w in measured)
+    peaks = [p for w in measured if (p := _peak(store.tokens_by_second, w.start, w.end)) is not None]
+    cpu = sum(store.cpu_seconds.get(n, 0.0) for n in names)
+    return Overall(
+        stages=[w.spec.name for w in measured],
+        over_saturated_stages=[w.spec.name for w in measured if verdicts.get(w.spec.name) == "over_saturated"],
+        loadgen_cpu_seconds=_num(cpu),
+        loadgen_cpu_ratio=_num(cpu / duration) if duration > 0 else None,
+        **block(store.merged([k for k in store.series if k[0] in names]), duration, max(peaks) if peaks else None),
+        jain_fairness_index=_num(fairness(store, names, shares)),
+        classes={c: Figures(**block(s, duration)) for c, s in _sliced(store, names, 1).items()},
+        models={m: Figures(**block(s, duration)) for m, s in _sliced(store, names, 2).items()},
+        workload=WorkloadFigures(**workload_block(store.workload, names, profile.cache_block_size)),
+    )
+
+
+def _profile(profile: Profile, slos: SLOConfig) -> ProfileInfo:
+    total = sum(x.weight for x in profile.traffic)
+    tok = profile.tokenizer
+    return ProfileInfo(
+        name=profile.name,
+        description=profile.description,
+        source=profile.source,
+        sha256=profile.sha256,
+        users_scale=profile.users_scale,
+        time_scale=profile.time_scale,
+        traffic=[
+            TrafficClass(
+                name=t.name,
+                weight=t.weight,
+                share=round(t.weight / total, 6),
+                endpoint=t.endpoint,
+                model=t.model,
+                priority=t.priority,
+                priority_class=t.slo_class(slos).name,
+                images=t.images.count,
+                **traffic_workload(t),
+            )
+            for t in profile.traffic
+        ],
+        cache_block_size=profile.cache_block_size,
+        tokenizer=None
+        if tok is None
+        else TokenizerInfo(path=str(tok.path), sha256=tok.sha256, chat_template=tok.has_chat_template),
+    )
+
+
+def _slo(slos: SLOConfig) -> SLOInfo:
+    return SLOInfo(
+        source=slos.source,
+        classes={
+            c.name: SLOClass(
+                priority_min=c.priority_min,
+                priority_max=c.priority_max,
+                ttft_seconds=c.ttft_seconds,
+                itl_seconds=c.itl_seconds,
+                e2e_seconds=c.e2e_seconds,
+            )
+            for c in slos.classes
+        },
+    )
+
+
+def result_model(
+    *,
+    run: Mapping[str, Any],
+    profile: Profile,
+    slos: SLOConfig,
+    store: Store,
+    windows: Sequence[StageWindow],
+    validity: Mapping[str, Any],
+    server: Mapping[str, Mapping[str, Any]] | None = None,
+    saturation: Mapping[str, Mapping[str, Any]] | None = None,
+) -> BenchmarkResult:
+    """The typed result. ``server`` maps stage name -> server-side figures (``--prometheus``); ``saturation``
+    maps stage name -> its over-saturation judgement (``loadgen/saturation.py``)."""
+    shares = class_shares(profile, slos)
+    stages = [_stage(i, w, store, profile, shares, server, saturation) for i, w in enumerate(windows)]
+    return BenchmarkResult(
+        schema=SCHEMA,
+        schema_version=SCHEMA_VERSION,
+        run=_given(RunInfo, run, "run"),
+        profile=_profile(profile, slos),
+        slo=_slo(slos),
+        validity=_given(Validity, validity, "validity"),
+        stages=stages,
+        overall=_overall(windows, store, profile, shares, saturation),
+        summary_table=[
+            SummaryRow(
+                stage=s.name,
+                mean_ttft_ms=s.mean_ttft_ms,
+                output_throughput=s.output_throughput,
+                peak_vram_gib=s.server.peak_vram_gib if s.server is not None else None,
+            )
+            for s in stages
+            if not s.warmup
+        ],
+    )
+
+
+def document(result: BenchmarkResult) -> dict[str, Any]:
+    """The file's document: every key the builder set, in the model's declared order (a key it did not set,
+    such as a stage's ``server`` without ``--prometheus``, is absent, not null)."""
+    return result.model_dump(by_alias=True, exclude_unset=True)
 
 
 def build_result(
@@ -232,130 +443,19 @@ def build_result(
     server: Mapping[str, Mapping[str, Any]] | None = None,
     saturation: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The whole document. ``server`` maps stage name -> server-side figures (``--prometheus``);
-    ``saturation`` maps stage name -> its over-saturation judgement (``loadgen/saturation.py``)."""
-    shares = class_shares(profile, slos)
-    stages_out: list[dict[str, Any]] = []
-    for w in windows:
-        names = {w.spec.name}
-        keys = [k for k in store.series if k[0] == w.spec.name]
-        entry: dict[str, Any] = {
-            "name": w.spec.name,
-            "index": w.index,
-            "warmup": w.spec.warmup,
-            "kind": "open" if w.spec.open_loop else "closed",
-            "target_users": w.spec.users,
-            "target_rate": w.spec.rate if w.spec.trace is None else _sig3(w.spec.trace.mean_rate),
-            "arrival": ("trace" if w.spec.trace is not None else w.spec.arrival) if w.spec.open_loop else None,
-            "max_concurrency": w.spec.max_concurrency if w.spec.open_loop else None,
-            "start_time": iso(w.start),
-            "end_time": iso(w.end),
-            "start_timestamp": round(w.start, 3),
-            "end_timestamp": round(w.end, 3),
-            "end_reason": w.end_reason,
-            **block(store.merged(keys), w.duration, _peak(store.tokens_by_second, w.start, w.end)),
-            "delivered_output_throughput": _num(store.window_tokens.get(w.spec.name, 0) / w.duration)
-            if w.duration > 0
-            else None,
-            **_lag(store, w.spec.name),
-            "loadgen_cpu_seconds": _num(store.cpu_seconds.get(w.spec.name, 0.0)),
-            "loadgen_cpu_ratio": _num(store.cpu_seconds.get(w.spec.name, 0.0) / w.duration) if w.duration > 0 else None,
-            "jain_fairness_index": _num(fairness(store, names, shares)),
-            "classes": {c: block(s, w.duration) for c, s in _sliced(store, names, 1).items()},
-            "models": {m: block(s, w.duration) for m, s in _sliced(store, names, 2).items()},
-            "workload": workload_block(store.workload, names, profile.cache_block_size),
-            "trace": trace_source(w.spec, store.merged(keys)),
-        }
-        if server is not None:
-            entry["server"] = dict(server.get(w.spec.name, {}))
-        if saturation is not None and w.spec.name in saturation:
-            entry["saturation"] = dict(saturation[w.spec.name])
-        stages_out.append(entry)
-
-    measured = [w for w in windows if not w.spec.warmup]
-    verdicts = {name: block.get("verdict") for name, block in (saturation or {}).items()}
-    names = {w.spec.name for w in measured}
-    duration = sum(w.duration for w in measured)
-    peaks = [p for w in measured if (p := _peak(store.tokens_by_second, w.start, w.end)) is not None]
-    overall_keys = [k for k in store.series if k[0] in names]
-    class_blocks = {c: block(s, duration) for c, s in _sliced(store, names, 1).items()}
-    cpu = sum(store.cpu_seconds.get(n, 0.0) for n in names)
-    overall = {
-        "stages": [w.spec.name for w in measured],
-        "over_saturated_stages": [w.spec.name for w in measured if verdicts.get(w.spec.name) == "over_saturated"],
-        "loadgen_cpu_seconds": _num(cpu),
-        "loadgen_cpu_ratio": _num(cpu / duration) if duration > 0 else None,
-        **block(store.merged(overall_keys), duration, max(peaks) if peaks else None),
-        "jain_fairness_index": _num(fairness(store, names, shares)),
-        "classes": class_blocks,
-        "models": {m: block(s, duration) for m, s in _sliced(store, names, 2).items()},
-        "workload": workload_block(store.workload, names, profile.cache_block_size),
-    }
-    table = [
-        {
-            "stage": s["name"],
-            "mean_ttft_ms": s["mean_ttft_ms"],
-            "output_throughput": s["output_throughput"],
-            "peak_vram_gib": (s.get("server") or {}).get("peak_vram_gib"),
-        }
-        for s in stages_out
-        if not s["warmup"]
-    ]
-    doc = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "run": dict(run),
-        "profile": {
-            "name": profile.name,
-            "description": profile.description,
-            "source": profile.source,
-            "sha256": profile.sha256,
-            "users_scale": profile.users_scale,
-            "time_scale": profile.time_scale,
-            "traffic": [
-                {
-                    "name": t.name,
-                    "weight": t.weight,
-                    "share": round(t.weight / sum(x.weight for x in profile.traffic), 6),
-                    "endpoint": t.endpoint,
-                    "model": t.model,
-                    "priority": t.priority,
-                    "priority_class": t.slo_class(slos).name,
-                    "images": t.images.count,
-                    **traffic_workload(t),
-                }
-                for t in profile.traffic
-            ],
-            "cache_block_size": profile.cache_block_size,
-            "tokenizer": None
-            if profile.tokenizer is None
-            else {
-                "path": str(profile.tokenizer.path),
-                "sha256": profile.tokenizer.sha256,
-                "chat_template": profile.tokenizer.has_chat_template,
-            },
-        },
-        "slo": {
-            "source": slos.source,
-            "classes": {
-                c.name: {
-                    "priority_min": c.priority_min,
-                    "priority_max": c.priority_max,
-                    "ttft_seconds": c.ttft_seconds,
-                    "itl_seconds": c.itl_seconds,
-                    "e2e_seconds": c.e2e_seconds,
-                }
-                for c in slos.classes
-            },
-        },
-        "validity": dict(validity),
-        "stages": stages_out,
-        "overall": overall,
-        "summary_table": table,
-    }
-    # The typed model is the schema: a key written here but not declared there (and documented) fails fast.
-    BenchmarkResult.model_validate(doc)
-    return doc
+    """The whole document, as :func:`write_result` writes it (the arguments are :func:`result_model`'s)."""
+    return document(
+        result_model(
+            run=run,
+            profile=profile,
+            slos=slos,
+            store=store,
+            windows=windows,
+            validity=validity,
+            server=server,
+            saturation=saturation,
+        )
+    )
 
 
 def write_result(directory: Path, doc: Mapping[str, Any]) -> Path:

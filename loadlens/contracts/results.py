@@ -1,5 +1,6 @@
-"""``benchmark_result.json`` as typed models: the load generator validates what it writes against them, the
-report (and any later reader) parses with them. docs/loadgen.md says what every key means.
+"""``benchmark_result.json`` as typed models: the load generator builds what it writes as them (in their
+fields' order, which is the file's key order), the report (and any later reader) parses with them.
+docs/loadgen.md says what every key means.
 
 Every figure is optional here: a reader gets ``None`` for a figure a document lacks (an older or partial
 file) instead of a fake 0, and the writer always sets them all. Unknown keys are refused, so a writer that
@@ -229,7 +230,14 @@ class StageSaturation(_Model):
     load: SaturationTrend | None = None
 
 
-class StageResult(SliceFigures):
+# Key order. A model is written (loadgen/results.py) in the order its fields are declared, a base class's
+# before its own, so the keys that lead a stage's or the overall block in the file are declared in a base
+# listed after SliceFigures: Python puts it before SliceFigures' bases in the fields' order.
+
+
+class _StageHead(_Model):
+    """What a stage is and when it ran: the keys before its figures."""
+
     name: str
     index: Count = None
     warmup: bool = False
@@ -243,14 +251,26 @@ class StageResult(SliceFigures):
     start_timestamp: float | None = None
     end_timestamp: float | None = None
     end_reason: str | None = None  # duration | until_requests | max_duration | stopped
+
+
+class StageResult(SliceFigures, _StageHead):
+    trace: TraceSource | None = None  # a trace stage's source; None for the others and in older files
     server: ServerFigures | None = None  # absent without --prometheus
     saturation: StageSaturation | None = None  # absent in older files
-    trace: TraceSource | None = None  # a trace stage's source; None for the others and in older files
 
 
-class Overall(SliceFigures):
+class _OverallHead(_Model):
+    """The keys before the overall figures. The load generator's CPU keys are SliceFigures' own, declared here
+    again (same type and default) so that they keep this place in the overall block."""
+
     stages: list[str] = Field(default_factory=list)
     over_saturated_stages: list[str] = Field(default_factory=list)  # measured stages judged over-saturated
+    loadgen_cpu_seconds: float | None = None
+    loadgen_cpu_ratio: float | None = None
+
+
+class Overall(SliceFigures, _OverallHead):
+    pass
 
 
 class Versions(_Model):
@@ -289,14 +309,26 @@ class Distribution(_Model):
     max: float
 
 
+class CountDistribution(Distribution):
+    """A distribution of a whole number (turns): its bounds are integers."""
+
+    min: int
+    max: int
+
+
+class PrefixGroup(_Model):
+    share: float  # of the entry's requests (conversations: of its conversations)
+    tokens: int
+
+
 class TrafficPrefix(_Model):
     count: int  # distinct shared prefixes
     tokens: int
-    groups: list[dict[str, float]] = Field(default_factory=list)  # {share, tokens} per group; [] = random pick
+    groups: list[PrefixGroup] = Field(default_factory=list)  # [] = a random pick among count prefixes
 
 
 class TrafficConversation(_Model):
-    turns: Distribution
+    turns: CountDistribution
     think_time_s: Distribution
 
 

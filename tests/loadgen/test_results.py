@@ -16,6 +16,7 @@ from loadgen.results import StageWindow, build_result, jain_index, pkey, write_r
 from loadgen.store import Store
 from loadlens.contracts.results import RESULT_FILE, parse_result
 from loadlens.contracts.slo import load_slos
+from tests.loadgen.result_golden import GOLDEN, golden_document
 
 SLOS = load_slos()
 PROFILE = parse_profile(
@@ -148,3 +149,24 @@ def test_a_key_the_model_does_not_declare_is_refused_at_write_time() -> None:
             run={"run_id": "r", "hostnme": "typo"}, profile=PROFILE, slos=SLOS, store=Store(bucket_bounds(SLOS)),
             windows=[], validity={"results_valid": True},
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_the_file_is_byte_for_byte_the_golden_one(name: str, tmp_path: Path) -> None:
+    """Key order and number forms too, over every block of the file (tests/loadgen/result_golden.py)."""
+    path = write_result(tmp_path, golden_document(name))
+    regenerate = "regenerate with: .venv/bin/python -m tests.loadgen.result_golden"
+    assert path.read_text() == GOLDEN[name].read_text(), regenerate
+
+
+def test_a_bad_block_from_a_caller_is_named_by_its_place_in_the_document() -> None:
+    """Server figures and the over-saturation block come as mappings: their errors name the stage's place."""
+    windows = [StageWindow(0, PROFILE.stages[0], 990.0, 1000.0), StageWindow(1, PROFILE.stages[1], 1000.0, 1002.0)]
+    args: dict[str, Any] = dict(
+        run={"run_id": "r"}, profile=PROFILE, slos=SLOS, store=Store(bucket_bounds(SLOS)), windows=windows,
+        validity={"results_valid": True},
+    )  # fmt: skip
+    with pytest.raises(ValidationError, match=r"stages\.1\.server\.peak_vram_gb\n  Extra inputs are not permitted"):
+        build_result(**args, server={"s1": {"peak_vram_gb": 1.0}})
+    with pytest.raises(ValidationError, match=r"stages\.0\.saturation\.verdict\n  Input should be 'over_saturated'"):
+        build_result(**args, saturation={"warmup": {"verdict": "maybe", "reason": "", "mode": "open", "alpha": 0.01}})
