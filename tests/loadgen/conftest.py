@@ -11,8 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,32 @@ def scripted(request: pytest.FixtureRequest) -> Iterator[Served]:
     app = HeaderRecorder(create_app(engine, ServeSettings(), registry=registry, tracing=Tracing.disabled()))
     with serve_app(app) as url:
         yield Served(url, engine, registry, app)
+
+
+class WatchedEvent(threading.Event):
+    """A real event that tells the test when a thread begins to wait on it, and for how long it means to."""
+
+    def __init__(self, began: threading.Event, timeouts: list[float | None]) -> None:
+        super().__init__()
+        self.began = began
+        self.timeouts = timeouts
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        self.began.set()
+        return super().wait(timeout)
+
+
+@dataclass
+class EventWatch:
+    """``new_event`` for ``StageDispatch``: every event it makes reports into ``began`` and ``timeouts``, so a
+    test waits for a sender to be waiting instead of sleeping and hoping it got there."""
+
+    began: threading.Event = field(default_factory=threading.Event)
+    timeouts: list[float | None] = field(default_factory=list)
+
+    def new_event(self) -> threading.Event:
+        return WatchedEvent(self.began, self.timeouts)
 
 
 def write_profile(path: Path, doc: dict[str, Any]) -> Path:

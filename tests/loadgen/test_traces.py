@@ -33,7 +33,7 @@ from loadgen.synthesis import ExactText, TraceText
 from loadgen.tokenizer import TokenizerError, load_tokenizer
 from loadgen.traces import TraceError, TraceRow, detect_format, read_trace
 from loadlens.contracts import results as R
-from tests.loadgen.conftest import loadlens, result_of, run_child, write_profile
+from tests.loadgen.conftest import EventWatch, loadlens, result_of, run_child, write_profile
 from tests.support.paths import ROOT
 
 TRACES = ROOT / "tests" / "fixtures" / "traces"
@@ -272,20 +272,22 @@ def test_dispatch_hands_out_trace_rows_then_waits_for_a_stage_change() -> None:
     p = trace_profile({"path": "mooncake.jsonl", "limit": 3})
     stages = (p.stages[0], Stage(name="closed", users=1, duration=1.0))
     clock = [1000.0]
-    d = StageDispatch(stages, 0, lock=threading.Lock(), new_event=threading.Event, perf=lambda: clock[0],
+    watch = EventWatch()
+    d = StageDispatch(stages, 0, lock=threading.Lock(), new_event=watch.new_event, perf=lambda: clock[0],
                       wall=lambda: clock[0])  # fmt: skip
     d.apply(0, 1000.0)
     clock[0] = 1001.0  # every row is due
     slots = [d.claim() for _ in range(3)]
     assert [(s.at, s.row.line) for s in slots if s and s.row] == [(1000.0, 1), (1000.101, 2), (1000.16, 3)]
     assert all(isinstance(s, Slot) and s.stage == "replay" for s in slots)
+    assert watch.timeouts == []  # due rows are handed out without a wait
     got: list[Slot | None] = []
-    waiter = threading.Thread(target=lambda: got.append(d.claim()))
+    waiter = threading.Thread(target=lambda: got.append(d.claim()), daemon=True)
     waiter.start()
-    time.sleep(0.05)
-    assert waiter.is_alive()  # no rows left: it waits (for ever) ...
+    assert watch.began.wait(timeout=10)
+    assert waiter.is_alive() and watch.timeouts == [None]  # no rows left: it waits (for ever) ...
     d.apply(1, 1001.0)
-    waiter.join(timeout=5)
+    waiter.join(timeout=10)
     assert got == [None]  # ... until the stage changes (to closed loop here)
 
 
