@@ -516,14 +516,19 @@ def test_docs_name_every_trace_and_tokenizer_result_key() -> None:
 
 # --- end to end on the sim -----------------------------------------------------------------------------------
 #
-# Stated tolerance for replay timing, on these shared 2-core machines: every request reaches the server no
-# earlier than 5 ms before its scheduled instant (the stage start is recorded to the millisecond) and at most
-# 250 ms after it, and the median lateness is at most 50 ms. Lengths are exact: the sim's usage.prompt_tokens
-# equals each row's input length, its completion_tokens the row's output length.
+# Stated tolerance for replay timing: every request reaches the server no earlier than 5 ms before its
+# scheduled instant (the stage start is recorded to the millisecond), however busy the machine, and at most
+# 250 ms after it, with a median lateness of at most 50 ms. The two replays run in the serial phase
+# (tests/conftest.py SERIAL): the arrival is stamped in a uvicorn thread of the pytest process, where a
+# neighbour's CPU would land in it (334 ms late once, on a parallel CI worker). Measured: 12 serial runs of each
+# replay on the 2-core dev box while four other sessions ran their tests (load average 3.4-5.9): worst lateness
+# 18.7 ms, worst median 6.0 ms, earliest arrival 1.1 ms after its instant; the bounds are 13x and 8x those.
+# Lengths are exact: the sim's usage.prompt_tokens equals each row's input length, its completion_tokens the
+# row's output length.
 
 EARLY_S = 0.005
-LATE_S = 0.25
-MEDIAN_LATE_S = 0.05
+LATE_S = 0.25  # 13x the worst of 24 serial replays (18.7 ms)
+MEDIAN_LATE_S = 0.05  # 8x the worst median of those (6.0 ms)
 
 
 class Capture:
