@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +82,12 @@ def test_usage_errors_exit_2(argv: list[str], needle: str) -> None:
 
 
 def test_unreachable_target_fails_fast() -> None:
-    started = time.monotonic()
-    proc = run_child(loadlens("--host", f"http://127.0.0.1:{free_port()}", "--headless"), timeout=20)
+    proc = run_child(loadlens("--host", f"http://127.0.0.1:{free_port()}", "--headless"), timeout=45)
     assert proc.returncode == 1
-    assert "loadlens load: error: cannot reach target http://127.0.0.1:" in proc.stdout
-    assert time.monotonic() - started < 10
+    # Fast by construction rather than by the clock: the probe was refused at once, it did not wait out its
+    # 5 s timeout (that would say "timed out"), and the error line is all it printed (Locust never started).
+    assert proc.stdout.startswith("loadlens load: error: cannot reach target http://127.0.0.1:")
+    assert proc.stdout.endswith("Connection refused\n") and proc.stdout.count("\n") == 1
 
 
 def test_dry_run_prints_the_plan() -> None:

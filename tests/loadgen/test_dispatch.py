@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
-from loadgen.dispatch import OpenLoopSchedule, Slot, StageDispatch, schedule_for
+from loadgen.dispatch import Event, OpenLoopSchedule, Slot, StageDispatch, schedule_for
 from loadgen.profile import Stage
+from tests.loadgen.conftest import EventWatch
 
 CLOSED = Stage(name="closed", users=4, duration=10.0)
 CONSTANT = Stage(name="const", rate=4.0, arrival="constant", duration=10.0)
@@ -59,12 +61,32 @@ def test_schedule_for_is_seeded_by_run_seed_stage_and_worker() -> None:
     assert times(3, 0)[0] == rng.expovariate(2.0)
 
 
-def dispatch(perf: FakeClock | None = None, wall: FakeClock | None = None) -> StageDispatch:
+class ElapsingEvent:
+    """A stage-change event nobody sets: ``wait(timeout)`` lets ``timeout`` pass on the fake clock at once (and
+    records it), as a real wait that times out would."""
+
+    def __init__(self, clock: FakeClock, waits: list[float | None]) -> None:
+        self.clock = clock
+        self.waits = waits
+
+    def set(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        assert timeout is not None, "a wait for ever on a fake clock never ends"
+        self.clock.now += timeout
+        return False
+
+
+def dispatch(
+    perf: FakeClock | None = None, wall: FakeClock | None = None, new_event: Callable[[], Event] = threading.Event
+) -> StageDispatch:
     return StageDispatch(
         [CLOSED, CONSTANT, POISSON],
         seed=1,
         lock=threading.Lock(),
-        new_event=threading.Event,
+        new_event=new_event,
         perf=perf or time.perf_counter,
         wall=wall or time.time,
     )
@@ -92,27 +114,31 @@ def test_claim_hands_out_due_and_overdue_slots_at_once() -> None:
 
 
 def test_claim_sleeps_until_the_next_arrival() -> None:
-    d = dispatch()
-    d.apply(1, start_wall=time.time() + 0.2)  # the start lies in the future: treated as now
+    perf, wall = FakeClock(50.0), FakeClock(100.0)
+    waits: list[float | None] = []
+    d = dispatch(perf, wall, lambda: ElapsingEvent(perf, waits))
+    d.apply(1, start_wall=100.2)  # the start lies in the future: treated as now
     first = d.claim()
-    started = time.perf_counter()
+    assert waits == []  # the first arrival is due at once
     second = d.claim()
     assert first is not None and second is not None
     assert second.at - first.at == pytest.approx(0.25)
-    assert time.perf_counter() - started == pytest.approx(0.25, abs=0.1)
+    # The second claim slept until its arrival, 0.25 s, in one wait that a stage change could have cut short.
+    assert waits == [pytest.approx(0.25)] and perf.now == pytest.approx(second.at)
 
 
 def test_a_stage_change_wakes_the_waiting_sender() -> None:
-    d = dispatch()
+    watch = EventWatch()
+    d = dispatch(new_event=watch.new_event)
     d.apply(2, start_wall=time.time())
     assert d.schedule is not None
     d.schedule.next_at = time.perf_counter() + 60.0  # the next arrival is a minute away
     got: list[Slot | None] = []
-    sender = threading.Thread(target=lambda: got.append(d.claim()))
+    sender = threading.Thread(target=lambda: got.append(d.claim()), daemon=True)
     sender.start()
-    time.sleep(0.1)
-    d.apply(0, start_wall=time.time())  # closed loop: the waiting sender gives up at once
-    sender.join(timeout=2.0)
+    assert watch.began.wait(timeout=10)  # the sender is waiting for that arrival ...
+    d.apply(0, start_wall=time.time())  # ... when the stage changes to closed loop: it gives up at once
+    sender.join(timeout=10)  # far less than the minute it would wait without the wake-up
     assert not sender.is_alive() and got == [None]
 
 

@@ -2,8 +2,14 @@
 
 Ground truth: the engine waits ``ttft_s`` = 50 ms before the first token and ``itl_s`` = 10 ms before each
 next one (asyncio sleeps, so each real gap is that plus a fraction of a millisecond). Stated tolerance, on
-these shared 2-core machines: the client's median TTFT is 50-60 ms and never below 50 ms (a client cannot see
-a token before it exists), its median per-token ITL is 10-12 ms.
+these shared 2-core machines and in the serial phase (tests/conftest.py SERIAL): the client's median TTFT is
+50-70 ms and never below 50 ms (a client cannot see a token before it exists), its median per-token ITL is
+10-15 ms. The server runs in a thread of the pytest process, so its wake-ups share the GIL with the test.
+
+Measured: 11 serial runs of the accuracy and distributed tests on the 2-core dev box while four other sessions
+ran their tests (load average 3-7.5). Worst medians: accuracy TTFT 62.1 ms and ITL 13.1 ms (its /metrics
+scraper shares the server's process), distributed 56.0 ms and 11.5 ms. The ceilings are the engine's delay plus
+1.5x the worst excess over it (12.1 and 3.1 ms), rounded up.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ import pytest
 from loadlens.util.net import free_port
 from tests.loadgen.conftest import Served, loadlens, result_of, run_child, write_profile
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # Locust runs of up to 55 s plus the server's start
+
+MEDIAN_TTFT_MS = (50.0, 70.0)  # the engine's 50 ms + 1.5 x the worst excess seen (12.1 ms), see above
+MEDIAN_ITL_MS = (10.0, 15.0)  # the engine's 10 ms + 1.5 x the worst excess seen (3.1 ms)
 
 TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-01$")
 
@@ -91,6 +100,7 @@ def test_accuracy_warmup_exclusion_stages_and_metrics(scripted: Served, tmp_path
     overall = doc["overall"]
     assert overall["stages"] == ["s1", "s2"]
     assert overall["completed"] == s1["completed"] + s2["completed"] > 20
+    # At most 143 ms in the 11 serial runs measured above.
     assert overall["max_ttft_ms"] < 300, "a warmup request leaked into the measured stages"
 
     # Stages follow each other without gaps and last their (scaled) 2 s.
@@ -102,8 +112,8 @@ def test_accuracy_warmup_exclusion_stages_and_metrics(scripted: Served, tmp_path
 
     # Measurement accuracy against the engine's exact timings.
     assert overall["min_ttft_ms"] >= 50.0
-    assert 50.0 <= overall["median_ttft_ms"] <= 60.0
-    assert 10.0 <= overall["median_itl_ms"] <= 12.0
+    assert MEDIAN_TTFT_MS[0] <= overall["median_ttft_ms"] <= MEDIAN_TTFT_MS[1]
+    assert MEDIAN_ITL_MS[0] <= overall["median_itl_ms"] <= MEDIAN_ITL_MS[1]
     # TPOT is a request's mean gap, so one late server wake-up in a request lifts it where the median ITL
     # stays put (it read 13.3 ms once on a loaded 2-core CI run): it cannot beat the engine's 10 ms, and it
     # must agree with the ITL samples it is made of (same requests, same token count each).
@@ -121,12 +131,16 @@ def test_accuracy_warmup_exclusion_stages_and_metrics(scripted: Served, tmp_path
 
 def test_distributed_two_workers_merge_exactly(scripted: Served, tmp_path: Path) -> None:
     profile = two_stage_profile(tmp_path, warmup_requests=4)
+    # Locust's local worker processes meet their master on port 5557 unless told otherwise: a port of its own
+    # keeps another distributed run on the machine (another checkout's tests) out of this one (once: 4 workers).
+    port = str(free_port())
     proc = run_child(
         loadlens(
             "--profile", str(profile), "--host", scripted.url, "--headless", "--time-scale", "0.1",
             "--results", str(tmp_path / "results"), "--metrics-port", "0", "--workers", "2",
         ),
         timeout=55,
+        env={"LOCUST_MASTER_BIND_PORT": port, "LOCUST_MASTER_NODE_PORT": port},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
     doc = result_of(tmp_path / "results")
@@ -138,8 +152,8 @@ def test_distributed_two_workers_merge_exactly(scripted: Served, tmp_path: Path)
     assert sum(s["total_output_tokens"] for s in stages) == scripted.total("loadlens_output_tokens_total")
     overall = doc["overall"]
     assert overall["itl_samples"] == overall["total_output_tokens"] - overall["completed"]
-    assert overall["min_ttft_ms"] >= 50.0 and overall["median_ttft_ms"] <= 60.0
-    assert 10.0 <= overall["median_itl_ms"] <= 12.0
+    assert overall["min_ttft_ms"] >= 50.0 and overall["median_ttft_ms"] <= MEDIAN_TTFT_MS[1]
+    assert MEDIAN_ITL_MS[0] <= overall["median_itl_ms"] <= MEDIAN_ITL_MS[1]
     # Both workers sent traffic: the traffic mix and processes are deterministic, so both shares appear.
     assert set(overall["classes"]) == {"interactive"}
 
@@ -175,6 +189,7 @@ def test_open_loop_measures_from_the_schedule(scripted: Served, tmp_path: Path) 
     assert 1 <= slow["completed"] <= 2
     assert ample["kind"] == "open" and ample["target_rate"] == 20
     assert 25 <= ample["completed"] <= 32  # 1.5 s at 20 req/s
+    # Measured (11 serial runs, as above): p99 dispatch lag at most 6.2 ms, median TTFT at most 55.8 ms.
     assert ample["p99_dispatch_lag_ms"] < 30
     assert 50 <= ample["median_ttft_ms"] <= 62
     # Coordinated-omission correction: the starved stage's latency includes the wait for a free sender.

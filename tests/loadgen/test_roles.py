@@ -19,6 +19,7 @@ from loadgen.exchange import DRAIN_MESSAGE, REPORT_KEY, progress_message, stage_
 from loadgen.options import add_locust_arguments
 from loadgen.record import RequestRecord
 from loadgen.roles import LocalRole, MasterRole, WorkerRole
+from loadgen.roles import local as local_role
 from loadgen.stage_clock import DRAIN
 from loadgen.store import Store
 from tests.loadgen.conftest import write_profile
@@ -208,15 +209,20 @@ def test_master_merges_reports_and_counts_with_progress_messages(tmp_path: Path)
     assert (master.worker_count(), master.mode) == (2, "distributed")
 
 
-def test_master_drain_tells_the_workers_and_waits_for_their_last_report(tmp_path: Path) -> None:
+def test_master_drain_tells_the_workers_and_waits_for_their_last_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = FakeRunner(("a",))
     master = make(MasterRole, tmp_path, runner)
     master.begin()
-    master.clock.advance(time.time(), "duration")
-    master.clock.advance(time.time(), "until_requests")
-    assert master.clock.advance(time.time(), "duration") is False
+    now = time.time()
+    # The role's wall clock stands still from here: the drain rule compares it with the drain's start.
+    monkeypatch.setattr(local_role, "time", SimpleNamespace(time=lambda: now, monotonic=time.monotonic))
+    master.clock.advance(now, "duration")
+    master.clock.advance(now, "until_requests")
+    assert master.clock.advance(now, "duration") is False
     master.start_drain()
     assert runner.sent[-1] == ("loadlens_stage", DRAIN_MESSAGE, None)
     assert master.tick() == (0, 1000.0)  # no user left, but the last report is up to 3 s away
-    master.clock.draining_since = time.time() - 3.6
+    master.clock.draining_since = now - 3.6
     assert master.tick() is None and master.finished

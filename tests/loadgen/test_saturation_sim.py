@@ -30,6 +30,7 @@ def small_sim() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.timeout(180)  # 12 s below + up to 30 s above + start-up and drain, past the 60 s default
 def test_a_stage_far_above_capacity_is_found_and_stops_the_run(small_sim: str, tmp_path: Path) -> None:
     profile = write_profile(
         tmp_path / "sat.yaml",

@@ -77,6 +77,9 @@ def test_client_timings_agree_with_the_simulator(sim_server: str, tmp_path: Path
     server_tpot = server_mean(metrics, "gen_ai_server_time_per_output_token_seconds") * 1e3
     client_ttft = sum(s["mean_ttft_ms"] * s["completed"] for s in stages) / n
     client_tpot = sum(s["mean_tpot_ms"] * s["completed"] for s in stages) / n
+    # Serial phase (tests/conftest.py SERIAL). Measured: 6 serial runs on the 2-core dev box while four other
+    # sessions ran their tests (load average 5-6): n = 132 each time, client - server TTFT 2.8-4.0 ms, TPOT
+    # difference 0.028-0.045 ms; the bounds are 2x and 11x the worst of those.
     assert 0.0 <= client_ttft - server_ttft <= 8.0, (client_ttft, server_ttft)
     assert abs(client_tpot - server_tpot) <= 0.5, (client_tpot, server_tpot)
     # The sim sends continuous usage: per-token ITL, never the chunk fallback.

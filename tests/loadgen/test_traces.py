@@ -9,6 +9,7 @@ leading Mooncake hash ids share exactly those blocks' tokens. Replay timing on t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -32,7 +34,7 @@ from loadgen.tokenizer import TokenizerError, load_tokenizer
 from loadgen.traces import TraceError, TraceRow, detect_format, read_trace
 from loadgen.words import WORDS
 from loadlens.contracts import results as R
-from tests.loadgen.conftest import loadlens, result_of, run_child, write_profile
+from tests.loadgen.conftest import EventWatch, loadlens, result_of, run_child, write_profile
 from tests.support.paths import ROOT
 
 TRACES = ROOT / "tests" / "fixtures" / "traces"
@@ -271,20 +273,22 @@ def test_dispatch_hands_out_trace_rows_then_waits_for_a_stage_change() -> None:
     p = trace_profile({"path": "mooncake.jsonl", "limit": 3})
     stages = (p.stages[0], Stage(name="closed", users=1, duration=1.0))
     clock = [1000.0]
-    d = StageDispatch(stages, 0, lock=threading.Lock(), new_event=threading.Event, perf=lambda: clock[0],
+    watch = EventWatch()
+    d = StageDispatch(stages, 0, lock=threading.Lock(), new_event=watch.new_event, perf=lambda: clock[0],
                       wall=lambda: clock[0])  # fmt: skip
     d.apply(0, 1000.0)
     clock[0] = 1001.0  # every row is due
     slots = [d.claim() for _ in range(3)]
     assert [(s.at, s.row.line) for s in slots if s and s.row] == [(1000.0, 1), (1000.101, 2), (1000.16, 3)]
     assert all(isinstance(s, Slot) and s.stage == "replay" for s in slots)
+    assert watch.timeouts == []  # due rows are handed out without a wait
     got: list[Slot | None] = []
-    waiter = threading.Thread(target=lambda: got.append(d.claim()))
+    waiter = threading.Thread(target=lambda: got.append(d.claim()), daemon=True)
     waiter.start()
-    time.sleep(0.05)
-    assert waiter.is_alive()  # no rows left: it waits (for ever) ...
+    assert watch.began.wait(timeout=10)
+    assert waiter.is_alive() and watch.timeouts == [None]  # no rows left: it waits (for ever) ...
     d.apply(1, 1001.0)
-    waiter.join(timeout=5)
+    waiter.join(timeout=10)
     assert got == [None]  # ... until the stage changes (to closed loop here)
 
 
@@ -513,14 +517,19 @@ def test_docs_name_every_trace_and_tokenizer_result_key() -> None:
 
 # --- end to end on the sim -----------------------------------------------------------------------------------
 #
-# Stated tolerance for replay timing, on these shared 2-core machines: every request reaches the server no
-# earlier than 5 ms before its scheduled instant (the stage start is recorded to the millisecond) and at most
-# 250 ms after it, and the median lateness is at most 50 ms. Lengths are exact: the sim's usage.prompt_tokens
-# equals each row's input length, its completion_tokens the row's output length.
+# Stated tolerance for replay timing: every request reaches the server no earlier than 5 ms before its
+# scheduled instant (the stage start is recorded to the millisecond), however busy the machine, and at most
+# 250 ms after it, with a median lateness of at most 50 ms. The two replays run in the serial phase
+# (tests/conftest.py SERIAL): the arrival is stamped in a uvicorn thread of the pytest process, where a
+# neighbour's CPU would land in it (334 ms late once, on a parallel CI worker). Measured: 12 serial runs of each
+# replay on the 2-core dev box while four other sessions ran their tests (load average 3.4-5.9): worst lateness
+# 18.7 ms, worst median 6.0 ms, earliest arrival 1.1 ms after its instant; the bounds are 13x and 8x those.
+# Lengths are exact: the sim's usage.prompt_tokens equals each row's input length, its completion_tokens the
+# row's output length.
 
 EARLY_S = 0.005
-LATE_S = 0.25
-MEDIAN_LATE_S = 0.05
+LATE_S = 0.25  # 13x the worst of 24 serial replays (18.7 ms)
+MEDIAN_LATE_S = 0.05  # 8x the worst median of those (6.0 ms)
 
 
 class Capture:
@@ -553,8 +562,9 @@ class Capture:
         self.seen.append((arrived, json.loads(bytes(body)), (int(usage[-1][0]), int(usage[-1][1]))))
 
 
-@pytest.fixture
-def sim() -> Iterator[tuple[str, Capture, CollectorRegistry]]:
+@contextlib.contextmanager
+def serve_sim() -> Iterator[tuple[str, Capture, CollectorRegistry]]:
+    """A fresh sim (tiny on an H100, an empty prefix cache) behind the real HTTP layer and a ``Capture``."""
     from exporters.serving.app import ServeSettings, create_app
     from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
     from exporters.serving.tracing import Tracing
@@ -565,6 +575,26 @@ def sim() -> Iterator[tuple[str, Capture, CollectorRegistry]]:
     app = Capture(create_app(engine, ServeSettings(), registry=registry, tracing=Tracing.disabled()))
     with serve_app(app) as url:
         yield url, app, registry
+
+
+@pytest.fixture
+def sim() -> Iterator[tuple[str, Capture, CollectorRegistry]]:
+    with serve_sim() as served:
+        yield served
+
+
+def prefix_hits(registry: CollectorRegistry) -> float | None:
+    return registry.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "tiny", "engine": "0"})
+
+
+def one_at_a_time_hits(bodies: list[dict[str, Any]]) -> float | None:
+    """The prefix-cache hits of a fresh sim sent ``bodies`` in this order, each answered in full before the next
+    goes out: every request finds the blocks of all the requests before it cached, whatever the machine's pace."""
+    with serve_sim() as (url, _, registry):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for body in bodies:
+                client.post("/v1/completions", json=body).raise_for_status()
+        return prefix_hits(registry)
 
 
 def replay(url: str, tmp_path: Path, doc: dict[str, Any], *extra: str) -> dict[str, Any]:
@@ -625,8 +655,17 @@ def test_mooncake_replay_on_the_sim(sim: tuple[str, Capture, CollectorRegistry],
     for i, r in enumerate(raw):
         shared = max([designed_sharing(q, r) for q in raw[:i]], default=0)
         designed += min(shared, r["input_length"] - 1) // 16 * 16
-    assert registry.get_sample_value("vllm:prefix_cache_hits_total", {"model_name": "tiny", "engine": "0"}) == designed
     assert designed == 6080
+    # Exactly that many only when each row arrives after the rows it shares with were prefilled: two rows sent
+    # together (a stall at the start makes rows 0 and 1, due 101 ms apart, go out at once) are prefilled in one
+    # step and the second finds nothing cached. So the sent requests, in trace order and one at a time, hit
+    # exactly the designed figure on a fresh sim ...
+    by_line = sorted(capture.seen, key=lambda seen: rows[_text(seen[1])].line)
+    assert one_at_a_time_hits([body for _, body, _ in by_line]) == designed
+    # ... and the replay itself, at whatever pace the machine allowed, never more: a block is a hit only for a
+    # request scheduled after another one computed it, and designed counts every holder but the first as a hit.
+    hits = prefix_hits(registry)
+    assert hits is not None and hits <= designed
 
 
 @pytest.mark.slow

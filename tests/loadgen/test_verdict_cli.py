@@ -28,6 +28,7 @@ def test_a_dead_prometheus_is_an_error_naming_the_url_and_the_failure(scripted: 
     assert list(tmp_path.iterdir()) == []  # nothing ran
 
 
+@pytest.mark.timeout(180)  # two Locust runs, each up to its 60 s run_child limit, past the 60 s default
 def test_fail_on_slo_exits_1_on_a_fail_verdict_and_the_file_holds_it(scripted: Served, tmp_path: Path) -> None:
     # The scripted engine's TTFT is 50 ms; this SLO file allows 10 ms. ITL and E2E get bounds no loaded
     # machine reaches, so the headline names exactly the two checks the scripted delays decide.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -39,10 +38,11 @@ def test_usage_errors_exit_2(argv: list[str], message: str, capsys: pytest.Captu
 
 def test_unreachable_prometheus_exits_1_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    t0 = time.monotonic()
     code, err = _run(["--prometheus", url, "--results", str(FIXTURE), "--out", str(tmp_path)], capsys)
     assert code == 1
-    assert time.monotonic() - t0 < 5
     assert err.startswith(f"loadlens report: error: cannot reach Prometheus at {url}")
+    # Fast by construction rather than by the clock: the first query was refused at once, it did not wait out
+    # the client's timeout (that would say "timed out").
+    assert err.endswith("Connection refused\n")
     assert err.count("\n") == 1
     assert not (tmp_path / "index.html").exists()
