@@ -34,9 +34,11 @@ from loadgen.verdict.observer import DEFAULT_ALERT_WAIT_S, observe
 from loadlens.contracts.results import RESULT_FILE, ResultsError, parse_result
 from loadlens.contracts.slo import SLOConfig, SLOConfigError, load_slos
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number
+from loadlens.util.net import free_port
 from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+LOCUST_PORT = 5557  # Locust's own default for a master and its remote workers
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,7 +66,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     arg(p, "--workers", type=non_negative_int, default=0, help="local Locust worker processes (0: one process)")
     arg(p, "--expect-workers", type=non_negative_int, default=0, help="run as master; wait for N remote workers")
     arg(p, "--master-host", default=None, help="run as a worker of the master at this host")
-    arg(p, "--master-port", type=port_number, default=5557, help="master's port (workers and master)")
+    arg(p, "--master-port", type=port_number, default=None,
+        help="master's port (workers and master; default 5557, or a free loopback port for --workers)")  # fmt: skip
     arg(p, "--web-port", type=port_number, default=8089, help="Locust web UI port (without --headless)")
     arg(p, "--csv", action="store_true", help="also write Locust's CSV reports into the run directory")
     arg(p, "--html", action="store_true", help="also write Locust's HTML report into the run directory")
@@ -133,16 +136,21 @@ def build_command(args: argparse.Namespace, profile_path: Path, model: str | Non
         cmd += [locust_flag("stop_on_oversaturation")]
     run_dir = Path(args.results) / run_id
     if args.master_host:
-        cmd += ["--worker", "--master-host", args.master_host, "--master-port", str(args.master_port)]
+        cmd += ["--worker", "--master-host", args.master_host, "--master-port", str(args.master_port or LOCUST_PORT)]
         return cmd
     if args.headless:
         cmd += ["--headless", "--only-summary"]
     else:
         cmd += ["--autostart", "--web-port", str(args.web_port)]
     if args.workers:
-        cmd += ["--processes", str(args.workers)]
+        # Local worker processes meet their master on loopback. Locust's fixed default port would let two runs
+        # on one machine (two users, two CI jobs) join each other's workers: a free port unless one was named.
+        port = str(args.master_port or free_port())
+        cmd += ["--processes", str(args.workers), "--master-bind-host", "127.0.0.1"]
+        cmd += ["--master-bind-port", port, "--master-port", port]
     if args.expect_workers:
-        cmd += ["--master", "--expect-workers", str(args.expect_workers), "--master-bind-port", str(args.master_port)]
+        port = str(args.master_port or LOCUST_PORT)
+        cmd += ["--master", "--expect-workers", str(args.expect_workers), "--master-bind-port", port]
     if args.csv:
         cmd += ["--csv", str(run_dir / "locust")]
     if args.html:

@@ -48,8 +48,19 @@ def test_locust_command_line() -> None:
     joined = " ".join(cmd)
     assert "--processes 2" in joined and "--model m" in joined and "--seed 7" in joined
     assert "--csv results/run1/locust" in joined and "--html results/run1/locust_report.html" in joined
+    # Local worker processes meet their master on a free loopback port of this run's own, never Locust's 5557.
+    port = cmd[cmd.index("--master-bind-port") + 1]
+    assert port != "5557" and cmd[cmd.index("--master-port") + 1] == port
+    assert cmd[cmd.index("--master-bind-host") + 1] == "127.0.0.1"
+    named = build_command(
+        build_parser().parse_args(["load", "--workers", "2", "--master-port", "6000"]), Path("p"), None, "r"
+    )
+    assert named[named.index("--master-bind-port") + 1] == named[named.index("--master-port") + 1] == "6000"
     worker = build_command(build_parser().parse_args(["load", "--master-host", "10.0.0.1"]), Path("p"), None, "r")
     assert "--worker" in worker and "--headless" not in worker
+    assert worker[worker.index("--master-port") + 1] == "5557"
+    master = build_command(build_parser().parse_args(["load", "--expect-workers", "3"]), Path("p"), None, "r")
+    assert master[master.index("--master-bind-port") + 1] == "5557"
 
 
 def test_invalid_profile_exits_2_naming_the_field(tmp_path: Path) -> None:

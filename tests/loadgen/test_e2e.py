@@ -131,16 +131,14 @@ def test_accuracy_warmup_exclusion_stages_and_metrics(scripted: Served, tmp_path
 
 def test_distributed_two_workers_merge_exactly(scripted: Served, tmp_path: Path) -> None:
     profile = two_stage_profile(tmp_path, warmup_requests=4)
-    # Locust's local worker processes meet their master on port 5557 unless told otherwise: a port of its own
-    # keeps another distributed run on the machine (another checkout's tests) out of this one (once: 4 workers).
-    port = str(free_port())
+    # Another distributed run on the machine (another checkout's tests) once joined this one (4 workers) when
+    # local workers met their master on Locust's fixed 5557: loadlens load now gives each run a port of its own.
     proc = run_child(
         loadlens(
             "--profile", str(profile), "--host", scripted.url, "--headless", "--time-scale", "0.1",
             "--results", str(tmp_path / "results"), "--metrics-port", "0", "--workers", "2",
         ),
         timeout=55,
-        env={"LOCUST_MASTER_BIND_PORT": port, "LOCUST_MASTER_NODE_PORT": port},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
     doc = result_of(tmp_path / "results")
