@@ -15,8 +15,8 @@ too). Each drill prints its figures and a verdict line; the exit status is 1 whe
 3. ``otlp_down``: sim servers side by side, one tracing to a live OTLP receiver, one tracing to an endpoint
    that refuses connections (and one without tracing, for scale); alternating rounds of the same load. The
    request p99 (client e2e) with the endpoint down must stay within noise of the live one (ratio reported;
-   verdict at 1.25x, 2x for the quick variant's few hundred requests) and the lost spans must be counted
-   (``loadlens_trace_spans_dropped_total`` > 0).
+   verdict at 1.25x, 2x for the quick variant's few hundred requests), every request must answer 200 and the
+   lost spans must be counted (``loadlens_trace_spans_dropped_total`` > 0).
 
 4. ``restarts``: the local stack (real Prometheus, Alertmanager, pager) with 10 s latency windows; a TTFT
    breach on the sim; Alertmanager and then Prometheus are restarted (SIGTERM, same data directories) while
@@ -24,7 +24,9 @@ too). Each drill prints its figures and a verdict line; the exit status is 1 whe
    load stops, its resolution. Firing notifications are counted (a repeat is a re-notification, not a loss).
 
 Figures are what this machine measured; it is small and shared, so the quick variants (CI) use small
-numbers and the verdicts do not depend on speed.
+numbers. ``--invariants-only`` (the CI test) judges only what holds on any machine, however loaded: counts and
+status codes. The one verdict on a timing figure, ``otlp_down``'s p99 ratio, is then printed but not judged:
+a stall of one side doubles a p99 of a few hundred requests, so it is a benchmark figure (``make reliability``).
 """
 
 from __future__ import annotations
@@ -237,22 +239,27 @@ def drill_overload(quick: bool) -> bool:
 # --- 3. OTLP endpoint down -------------------------------------------------------------------------------------
 
 
-async def _e2e(url: str, streams: int, seconds: float) -> list[float]:
+async def _e2e(url: str, streams: int, seconds: float) -> tuple[list[float], int]:
+    """The E2E latency of every request answered 200, and how many were not."""
     latencies: list[float] = []
+    not_ok = 0
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
         stop_at = time.monotonic() + seconds
 
         async def user() -> None:
+            nonlocal not_ok
             while time.monotonic() < stop_at:
                 start = time.perf_counter()
                 async with session.post(url + "/v1/completions", json=_body(16)) as response:
                     await response.read()
                     if response.status == 200:
                         latencies.append(time.perf_counter() - start)
+                    else:
+                        not_ok += 1
 
         await asyncio.gather(*(user() for _ in range(streams)))
-    return latencies
+    return latencies, not_ok
 
 
 def _p99(values: list[float]) -> float:
@@ -290,10 +297,10 @@ def otlp_sink() -> Iterator[tuple[str, type[_OtlpSink]]]:
         server.server_close()
 
 
-def drill_otlp_down(quick: bool) -> bool:
+def drill_otlp_down(quick: bool, judge_timing: bool = True) -> bool:
     """Tracing to a live collector against tracing to a dead endpoint, side by side: the difference is what an
     outage of the collector costs the requests (tracing's own cost is the same on both sides). Tracing off is
-    measured too, for scale."""
+    measured too, for scale. ``judge_timing=False``: the p99 ratio is reported, not judged."""
     rounds, seconds, streams = (2, 2.0, 8) if quick else (5, 5.0, 16)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     off_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_TRACES_EXPORTER": ""}
@@ -310,23 +317,29 @@ def drill_otlp_down(quick: bool) -> bool:
         ):
             servers = {"off": off, "up": up, "down": down}
             p99: dict[str, list[float]] = {label: [] for label in servers}
+            not_ok = 0
             for _ in range(rounds):
                 for label, server in servers.items():
-                    p99[label].append(_p99(asyncio.run(_e2e(server.url, streams, seconds))))
+                    latencies, failed = asyncio.run(_e2e(server.url, streams, seconds))
+                    p99[label].append(_p99(latencies))
+                    not_ok += failed
             time.sleep(6.0)  # the exporter's batch delay and its retries give up: drops are counted
+            # On a loaded machine the first export can take longer to give up: a polling deadline, not a figure.
+            _wait(lambda: scrape(down.url).get("loadlens_trace_spans_dropped_total", 0.0) > 0, 30)
             dropped = scrape(down.url).get("loadlens_trace_spans_dropped_total", 0.0)
             dropped_up = scrape(up.url).get("loadlens_trace_spans_dropped_total", 0.0)
             exports = sink.received
     ms = {label: statistics.median(values) * 1e3 for label, values in p99.items()}
     ratio = ms["down"] / ms["up"]
     limit = 2.0 if quick else 1.25  # the quick rounds are a few hundred requests: their p99 is noise-bound
-    good = ratio <= limit and dropped > 0 and exports > 0
+    good = (ratio <= limit or not judge_timing) and not_ok == 0 and dropped > 0 and exports > 0
+    judged = f"down/up <= {limit}, " if judge_timing else "down/up not judged, "
     print(
         f"otlp_down: {rounds} alternating rounds of {streams} streams x {seconds:.0f} s; request p99 median: "
         f"collector up {ms['up']:.1f} ms, endpoint down {ms['down']:.1f} ms (x{ratio:.3f}), tracing off "
-        f"{ms['off']:.1f} ms; spans dropped and counted with the endpoint down: {dropped:.0f} (collector up: "
-        f"{dropped_up:.0f}, {exports} exports received) (verdict: down/up <= {limit}, drops > 0) "
-        f"-> {'PASS' if good else 'FAIL'}",
+        f"{ms['off']:.1f} ms; {not_ok} requests not answered 200; spans dropped and counted with the endpoint "
+        f"down: {dropped:.0f} (collector up: {dropped_up:.0f}, {exports} exports received) (verdict: {judged}"
+        f"all 200, drops > 0) -> {'PASS' if good else 'FAIL'}",
         flush=True,
     )
     return good
@@ -471,9 +484,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.drills", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small numbers (CI)")
     parser.add_argument("--only", nargs="+", choices=sorted(DRILLS), default=None, help="run only these drills")
+    parser.add_argument(
+        "--invariants-only", action="store_true", help="judge counts and status codes only, not timing figures (CI)"
+    )
     args, _ = parser.parse_known_args(argv)
     print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; quick={args.quick}", flush=True)
-    failed = [name for name in args.only or DRILLS if not DRILLS[name](args.quick)]
+
+    def run(name: str) -> bool:
+        if name == "otlp_down":
+            return drill_otlp_down(args.quick, judge_timing=not args.invariants_only)
+        return DRILLS[name](args.quick)
+
+    failed = [name for name in args.only or DRILLS if not run(name)]
     if failed:
         print(f"drills failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

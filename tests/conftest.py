@@ -24,6 +24,9 @@ xdist workers, then these alone (``-m serial``), so a neighbour's CPU never move
 tests/test_serial_list.py checks every entry still names a test."""
 
 
+LIVE_RUN_TIMEOUT_S = 90
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     serial = pytest.mark.serial
     for item in items:
@@ -32,6 +35,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "live_run" in getattr(item, "fixturenames", ()):
             # One live run per session: on xdist, every test that reads it goes to the same worker.
             item.add_marker(pytest.mark.xdist_group("live_run"))
+            # Whichever of them runs first pays for the run's set-up inside its own timeout (22.5 s measured
+            # on the loaded 2-core box, x3 and rounded up), which the 60 s default leaves too little room for.
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(LIVE_RUN_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -93,7 +93,7 @@ def test_real_alertmanager_inhibits_ticket_behind_page(tmp_path: Path) -> None:
         }
         # Alertmanager marks an alert inhibited only once the inhibiting alert has been processed, so an early
         # read can show "active" for a moment: wait for the final states (a wrong rule never reaches them).
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a polling deadline: the loop ends as soon as the states are final
         states: dict[tuple[str, str, str], str] = {}
         while time.monotonic() < deadline:
             states = {
@@ -119,7 +119,7 @@ def test_real_alertmanager_page_inhibits_same_slo_ticket_only(tmp_path: Path) ->
                 _alert("LoadlensGoodputLow", "warning", slo="goodput", model_name="m"),
             ]
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a polling deadline: the loop ends as soon as the states are final
         states: dict[tuple[str, str, str], str] = {}
         while time.monotonic() < deadline:
             states = {

@@ -1,5 +1,7 @@
-"""The reliability drills' quick variants (``python -m benchmarks.drills --quick``), as CI runs them: real
-``loadlens serve`` processes, direct and through the proxy."""
+"""The reliability drills' quick variants (``python -m benchmarks.drills --quick --invariants-only``), as CI runs
+them: real ``loadlens serve`` processes, direct and through the proxy. CI judges the drills' invariants (counts,
+status codes, pages that arrive); the timing figure of ``otlp_down`` (the p99 ratio) is printed, and judged only
+by ``make reliability``."""
 
 from __future__ import annotations
 
@@ -7,11 +9,17 @@ import pytest
 
 from benchmarks import drills
 
+# Wall time of each quick drill on the loaded 2-core box (9, 24, 31 and 41 s), x3 and rounded up: the 60 s
+# default would stop the longer ones on a busy CI worker before their own deadlines decide.
+TIMEOUT_S = {"disconnects": 60, "overload": 90, "otlp_down": 120, "restarts": 150}
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(drills.DRILLS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.timeout(TIMEOUT_S[name])) for name in sorted(drills.DRILLS)]
+)
 def test_quick_drill_passes(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert drills.main(["--quick", "--only", name]) == 0, capsys.readouterr().out
+    assert drills.main(["--quick", "--invariants-only", "--only", name]) == 0, capsys.readouterr().out
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(name)]
     assert lines and all(line.endswith("-> PASS") for line in lines)
     # direct and through the proxy, or one side-by-side / stack-wide line

@@ -58,7 +58,7 @@ def targets() -> Iterator[list[str]]:
 
 
 def _value(prom: PrometheusServer, expr: str) -> float:
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30  # a polling deadline: the first scrapes of a loaded box can take seconds
     while time.monotonic() < deadline:
         result = prom.query(expr)
         if len(result) == 1 and len(prom.query(f'count(up{{job="{JOB}"}} == 1) == 2')) == 1:

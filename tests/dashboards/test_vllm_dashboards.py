@@ -31,7 +31,12 @@ from tests.support.server import serve_app
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_dashboards"
 MODEL = "tiny"
 JOB = "vllm"
+# The load: each user sends at least REQUESTS_PER_USER requests and goes on for at least LOAD_SECONDS. The
+# events the panels need (evictions, reuse gaps) are counted in requests, so a loaded machine takes longer
+# instead of producing fewer (300 is about what 10 s gave on the loaded 2-core box: 357-366 per user); the
+# seconds give the 5 s rate windows their scrapes.
 LOAD_SECONDS = 10.0
+REQUESTS_PER_USER = 300
 
 _SPEC = "no speculative decoding in the sim (no draft model, so vLLM does not export spec_decode_* either)"
 _CONNECTOR = "needs a KV connector (--kv-transfer-config); the sim has none, nor does a default vLLM"
@@ -175,7 +180,7 @@ async def _load(url: str) -> None:
 
     async def user(client: httpx.AsyncClient, n: int) -> None:
         i = 0
-        while time.monotonic() < stop:
+        while i < REQUESTS_PER_USER or time.monotonic() < stop:
             body = {"model": MODEL, "prompt": prompt(n, i), "max_tokens": 16, "stream": i % 2 == 0}
             async with client.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
@@ -190,6 +195,7 @@ async def _load(url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(90)  # 20-21 s measured on the loaded 2-core box (x3, rounded up)
 def test_vllm_and_production_stack_dashboards_against_the_sim(tmp_path: Path) -> None:
     require_prometheus()
     queries = dashboard_queries()

@@ -53,7 +53,10 @@ def read(results: Path) -> Any:
 def test_interrupt_keeps_finished_trials_and_resume_runs_the_rest(tmp_path: Path) -> None:
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(EXPERIMENT))
-    proc = subprocess.Popen(argv(path, tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child even when pytest runs as a shell's background job (which ignores it, and
+    # an ignored SIGINT is inherited): Python then turns it into KeyboardInterrupt, as Ctrl-C would.
+    proc = subprocess.Popen(argv(path, tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -65,7 +68,15 @@ def test_interrupt_keeps_finished_trials_and_resume_runs_the_rest(tmp_path: Path
     else:
         proc.kill()
         pytest.fail("the first trial never finished")
-    time.sleep(1.0)  # the second trial's load is running
+    # The second trial's load is running once `loadlens load` has printed its target line (flushed just before it
+    # starts Locust): the interrupt lands inside that run, not before it, however slow the machine.
+    log = tmp_path / "experiments" / "r" / "trials" / "s8" / "r1" / "load.log"
+    deadline = time.monotonic() + 60
+    while not (log.is_file() and "\ntarget http" in log.read_text(errors="replace")):
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the second trial's load never started")
+        time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err

@@ -1,12 +1,12 @@
 """Each packaged experiment, run end to end on the sim (`loadlens experiment NAME`, which starts the sim and
-runs `loadlens load` per trial) at a small scale: --speed 10, stages cut by --time-scale, smaller sweeps
-through --param. Each analysis is checked against what the sim is known to do:
+runs `loadlens load` per trial) at a small scale: --speed 10 unless a test says otherwise, stages cut by
+--time-scale, smaller sweeps through --param. Each analysis is checked against what the sim is known to do:
 
 - batching-window: in the experiment's `admission` window mode every step that admits pays a 12 ms
   insertion overhead, so a small window slows every running request and a large one makes new ones wait:
   the median E2E is U-shaped, the fit's R² is above the stated bound (0.8) and its minimum is interior,
   deeper than the noise rule asks (docs/experiments.md).
-- fairness: priority scheduling gives the interactive class a lower P95 than FCFS.
+- fairness: priority scheduling gives the interactive class a lower P95 than FCFS (at speed 1: by seconds).
 - token-budget: a 64-token step budget holds fewer sequences running than 4096 tokens do (the budget binds).
 - burst-capacity: with a 512-block KV cache and a 32-request waiting queue, 64 users at once get 429s while
   32 do not: the threshold lies between them, and the larger sizes are skipped.
@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from loadlens.contracts.experiment_result import ExperimentResult, parse_experiment_result
+from loadlens.contracts.slo import DEFAULT_SLO_FILE
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
@@ -45,6 +47,18 @@ def run_experiment(
 
 def finding(result: ExperimentResult, name: str) -> bool | None:
     return next(f.passed for f in result.findings if f.name == name)
+
+
+def ttft_only_slo_file(tmp_path: Path) -> Path:
+    """The packaged SLO file with ITL and E2E bounds no loaded machine reaches (30 s and 300 s), so a level's
+    verdict and goodput are decided by TTFT alone, which the sim's queueing decides (on CI a parallel worker
+    pushed ITL p99 past 50 ms: see tests/loadgen/test_verdict_cli.py)."""
+    slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
+    for cls in slo["classes"]:
+        cls["itl_seconds"], cls["e2e_seconds"] = 30.0, 300.0
+    path = tmp_path / "ttft-only.yaml"
+    path.write_text(yaml.safe_dump(slo))
+    return path
 
 
 @pytest.mark.timeout(200)
@@ -78,7 +92,10 @@ def test_batching_window_on_the_sim(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(150)
 def test_fairness_on_the_sim(tmp_path: Path) -> None:
-    result, _ = run_experiment(tmp_path, "fairness", "--time-scale", "0.1")
+    """At the experiment's own speed 1, not 10: the interactive P95 gap between the policies is then modeled
+    queueing of over a second (two loaded runs: 1022 vs 2391 ms, 1060 vs 2407 ms), which no stall of a loaded
+    machine closes; at speed 10 it was 103 vs 264 ms, within reach of one."""
+    result, _ = run_experiment(tmp_path, "fairness", "--time-scale", "0.1", speed=None)
     rows = {r["policy"]: r for r in result.tables[0].rows}
     assert list(rows) == ["fcfs", "priority"]
     assert finding(result, "priority_beats_fcfs") is True
@@ -117,6 +134,14 @@ def test_seed_benchmark_on_the_sim(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(150)
 def test_burst_capacity_on_the_sim(tmp_path: Path) -> None:
+    """b64's 429s come from counts: 64 users against ~21 KV-bound running sequences plus a 32-request queue
+    (8 % of its requests in a loaded run, against the 1 % criterion); b32 never gets one (32 users cannot
+    overfill a 32-request queue). b32 does preempt (32 growing sequences overfill the 512
+    blocks) and passes because its preemptions per request stay under the storm threshold, 0.5: 0.29-0.36 in
+    nine loaded runs here. A loaded machine only lowers it: the most pressure 32 closed-loop users put on the
+    cache is when each client turns around instantly compared to a step, which speed 1 and 3 approximate
+    (0.380 over 347 requests at speed 1, 0.387 at speed 3); a stalled sim comes closer to that, a stalled
+    client leaves fewer requests in flight."""
     result, out = run_experiment(tmp_path, "burst-capacity", "--time-scale", "0.1", "--repeats", "1")
     assert "every repeat of b64 failed" in out
     assert [(t.name, t.status) for t in result.trials] == [
@@ -130,11 +155,15 @@ def test_burst_capacity_on_the_sim(tmp_path: Path) -> None:
     assert finding(result, "threshold_found") is True
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_slo_search_on_the_sim(tmp_path: Path) -> None:
     """Bracketing from 8 users then bisection: the capacity and the level above it are adjacent, every level
-    up to the capacity passed and the one above failed."""
-    result, out = run_experiment(tmp_path, "slo-search", "--time-scale", "0.05")
+    up to the capacity passed and the one above failed. TTFT alone decides a level (``ttft_only_slo_file``):
+    at 8 users its p99 was 34-55 ms in three loaded runs against 200 ms, and the knee the search finds (44-54
+    users) is the sim's queueing. Nine levels took 61-77 s on the loaded 2-core box: the timeouts are 3x that."""
+    slo_file = ttft_only_slo_file(tmp_path)
+    result, out = run_experiment(tmp_path, "slo-search", "--time-scale", "0.05", "--slo-file", str(slo_file),
+                                 timeout=230)  # fmt: skip
     assert "level=8 (c8) repeat 1/1, 0 levels measured" in out
     assert finding(result, "capacity_found") is True
     capacity = result.tables[1].rows[0]
