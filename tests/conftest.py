@@ -19,15 +19,42 @@ SERIAL: dict[str, str] = {
 xdist workers, then these alone (``-m serial``), so a neighbour's CPU never moves their figures.
 tests/test_serial_list.py checks every entry still names a test."""
 
+SESSION_GROUPS: dict[str, str] = {
+    "live_run": "live_run",
+    "vllm_server": "vllm",  # tests/vllm/conftest.py: one real vLLM per session (its proxy fixture uses it)
+}
+"""Session fixture -> the xdist group of every test that uses it (directly or through another fixture)."""
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     serial = pytest.mark.serial
     for item in items:
         if any(item.nodeid == key or item.nodeid.startswith(key + "::") for key in SERIAL):
             item.add_marker(serial)
-        if "live_run" in getattr(item, "fixturenames", ()):
-            # One live run per session: on xdist, every test that reads it goes to the same worker.
-            item.add_marker(pytest.mark.xdist_group("live_run"))
+        fixtures = getattr(item, "fixturenames", ())
+        # One instance per session: on xdist, every test that uses it goes to the same worker.
+        for fixture, group in SESSION_GROUPS.items():
+            if fixture in fixtures:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup``, give each grouped test the ``@group`` node-id suffix xdist schedules by.
+
+    xdist 3.8 writes it to ``item._nodeid``, which pytest 9.2 no longer reads (an item's id is ``item._id``),
+    so its groups silently became plain ``load``: two workers, two live runs, two vLLMs. Runs after every
+    ``pytest_collection_modifyitems`` (xdist's included) and before xdist's worker reports the ids; where
+    xdist's suffix took, nothing is left to do."""
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist workers only
+        return
+    for item in session.items:
+        groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})
+        if groups and "@" not in item.nodeid.rpartition("]")[2] and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId  # pytest >= 9.2 only, where this is needed
+
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 @pytest.fixture(scope="session")
