@@ -33,8 +33,9 @@ MODEL = "tiny"
 JOB = "vllm"
 # The load: each user sends at least REQUESTS_PER_USER requests and goes on for at least LOAD_SECONDS. The
 # events the panels need (evictions, reuse gaps) are counted in requests, so a loaded machine takes longer
-# instead of producing fewer (300 is about what 10 s gave on the loaded 2-core box: 357-366 per user); the
-# seconds give the 5 s rate windows their scrapes.
+# instead of producing fewer (300 is about what 10 s gave on the loaded 2-core box, 357-366 per user; a 3 s load
+# of at least 40 per user already left exactly EXPECTED_EMPTY empty); the seconds give the 5 s rate windows
+# their scrapes.
 LOAD_SECONDS = 10.0
 REQUESTS_PER_USER = 300
 

@@ -61,7 +61,7 @@ def _result(path: Path) -> BenchmarkResult:
     return parse_result(json.loads(path.read_text()), str(path))
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(450)  # 146-149 s measured on the loaded 2-core box, x3
 def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stack: Stack, tmp_path: Path) -> None:
     urls = _urls(stack)
     serve, prom = urls["serve"], urls["prometheus"]

@@ -4,7 +4,9 @@ run pages nothing.
 
 Timing budget (stated bound): scrape and rule evaluation every 1 s, a 10 s latency window with ``for: 5s``
 (a test SLO file; the packaged one uses 1m/1m), Alertmanager group_wait 1 s, Prometheus resend delay 1 s.
-The page must arrive within 45 s of the breach starting and resolve within 60 s of the load stopping.
+The page must arrive within 45 s of the breach starting and resolve within 60 s of the load stopping: wall-clock
+bounds, so the test runs in the serial phase (tests/conftest.py SERIAL). The test SLO file also gives ITL and
+E2E bounds no loaded machine reaches, so what may page the healthy load is the TTFT alert under test.
 """
 
 from __future__ import annotations
@@ -18,18 +20,29 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
+from loadlens.contracts.slo import DEFAULT_SLO_FILE
 from loadlens.stack.runner import Stack
 from tests.support.stack import running_stack
 
+# Measured in five runs on the loaded 2-core box (load average ~4, beside other test runs): paged 11.5-12.5 s
+# after the breach began, resolved 11.0-12.5 s after the load stopped; the bounds are 3.6x and 4.8x the worst.
 PAGE_BOUND_S = 45
 RESOLVE_BOUND_S = 60
 
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    alerting = {"latency_window": "10s", "latency_for": "5s", "min_request_rate": 0.1}
-    with running_stack(tmp_path, alerting=alerting, knobs=["max_waiting=1000"]) as s:
+    slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
+    slo["alerting"].update({"latency_window": "10s", "latency_for": "5s", "min_request_rate": 0.1})
+    # ITL and E2E bounds no loaded machine reaches: the healthy load must page nothing, and what may page it is
+    # the TTFT alert this test is about, not a stall of the box pushing the sim's ITL p99 past 50 ms.
+    for cls in slo["classes"]:
+        cls["itl_seconds"], cls["e2e_seconds"] = 30.0, 300.0
+    slo_file = tmp_path / "slos.yaml"
+    slo_file.write_text(yaml.safe_dump(slo))
+    with running_stack(tmp_path, slo_file=slo_file, knobs=["max_waiting=1000"]) as s:
         yield s
 
 
@@ -74,7 +87,7 @@ def _ttft_alerts(stack: Stack, status: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(250)  # 81-84 s measured, x3
 def test_ttft_breach_pages_then_resolves_and_healthy_load_pages_nothing(stack: Stack) -> None:
     serve = _url(stack, "serve")
     prom = _url(stack, "prometheus")
