@@ -5,9 +5,11 @@ metrics; the stream (``stream.py``) stamps the times and delivers the events.
 
 Each upstream read (one chunk, or several when the proxy fell behind) becomes **one** event: the complete SSE
 frames, forwarded as they came in one write (``wire_frames``), plus the token count, finish reason and usage
-read from them by byte search. Only the few chunks that need more go through ``json.loads``: the finishing
-chunk, the usage-only chunk, a chunk with usage the client did not ask for (stripped), anything not compact
-JSON. A partial frame waits for the next read.
+read from them by byte search. A read that is the last plain content chunk's bytes around another plain
+string (most of a stream: only the text changes) is counted in one match instead (``FrameReader._learn``).
+Only the few chunks that need more go through ``json.loads``: the finishing chunk, the usage-only chunk, a
+chunk with usage the client did not ask for (stripped), anything not compact JSON. A partial frame waits for
+the next read.
 """
 
 from __future__ import annotations
