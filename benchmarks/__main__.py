@@ -7,6 +7,7 @@ import sys
 
 MODULES = (
     "benchmarks.serving",
+    "benchmarks.proxy_path",
     "benchmarks.sim_engine",
     "benchmarks.gpu_exporter",
     "benchmarks.loadgen",

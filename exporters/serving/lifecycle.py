@@ -140,13 +140,13 @@ class RequestLifecycle:
             self.output_tokens = max(self.output_tokens, output_tokens)
             return
         self.output_tokens = output_tokens
-        series.output_tokens.inc(new_tokens)
+        series.add_output_tokens(new_tokens)
         if self.first_token_at is None:
             self.first_token_at = now
             if self.span is not None:
                 self.span.add_event("gen_ai.first_token", timestamp=time.time_ns())
         elif self.last_token_at is not None:
-            series.itl.observe(now - self.last_token_at)
+            series.observe_itl(now - self.last_token_at)
         self.last_token_at = now
 
     # --- endings ----------------------------------------------------------------------------------------

@@ -3,13 +3,16 @@ and ``loadlens_*``. Engines emit their own series (the sim: ``vllm:*``); no name
 
 Label values are bounded: the model label only ever holds served names (capped, overflow ``other``),
 ``priority_class`` comes from the SLO file, reasons and outcomes are enums. Per-label-set children are
-bound once and cached (:class:`SeriesSet`), so the per-token path is a handful of attribute lookups.
+bound once and cached (:class:`SeriesSet`), so the per-token path is a handful of attribute lookups; its two
+updates (token counter, ITL histogram) skip prometheus_client's per-call checks (:func:`adder`, :func:`observer`).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -59,6 +62,36 @@ class SeriesSet:
     breach: dict[str, Counter]
     lora_blocking: Histogram
     lora_delayed: Counter
+    add_output_tokens: Callable[[float], None] = field(init=False)
+    """``output_tokens.inc`` for the per-token path (:func:`adder`)."""
+    observe_itl: Callable[[float], None] = field(init=False)
+    """``itl.observe`` for the per-token path (:func:`observer`)."""
+
+    def __post_init__(self) -> None:
+        self.add_output_tokens = adder(self.output_tokens)
+        self.observe_itl = observer(self.itl)
+
+
+def adder(counter: Counter) -> Callable[[float], None]:
+    """``counter.inc`` for a bound child and amounts known to be positive: its value's own ``inc``, which
+    ``Counter.inc`` calls after checking both on every call. Runs once per streamed read."""
+    inc: Callable[[float], None] = counter._value.inc
+    return inc
+
+
+def observer(histogram: Histogram) -> Callable[[float], None]:
+    """``histogram.observe`` (no exemplar) of a bound child for finite amounts: the same sum and bucket
+    counts, the bucket found by bisection (the first bound >= the amount, as ``observe``'s scan finds it)
+    and without ``observe``'s per-call check that it is a child. Runs once per streamed read."""
+    bounds = tuple(histogram._upper_bounds)
+    buckets = histogram._buckets
+    add_to_sum = histogram._sum.inc
+
+    def observe(amount: float) -> None:
+        add_to_sum(amount)
+        buckets[bisect_left(bounds, amount)].inc(1)
+
+    return observe
 
 
 class ServingMetrics:

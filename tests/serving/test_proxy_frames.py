@@ -225,3 +225,76 @@ def test_token_sources_split_anywhere(
         assert events[-1][1].prompt_tokens == (5 if usage[0] else 0)
         assert b"".join(e.wire_frames or b"" for _, e in events) == _frames(*chunks, finish)
         assert (reader.finished, reader.ended, reader.source) == (True, True, source)
+
+
+def _content_frame(endpoint: str, value: bytes, *, tail: bytes = b',"logprobs":null,"finish_reason":null}]}') -> bytes:
+    key = b'"delta":{"content":' if endpoint == "chat" else b'"text":'
+    close = b"}" if endpoint == "chat" else b""
+    return _frames(
+        b'{"id":"c","object":"x","created":1,"model":"m","choices":[{"index":0,' + key + value + close + tail
+    )
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize(
+    "options", [{}, {"include_usage": True}, {"include_usage": True, "continuous_usage_stats": True}]
+)
+def test_reads_matched_on_the_learned_chunk_count_as_the_byte_search_does(
+    endpoint: str, options: dict[str, bool]
+) -> None:
+    """A read with the bytes of the last plain content chunk around another plain string is counted without
+    the byte search (FrameReader._learn); every other read is not. Events, counts and forwarded bytes are
+    the same as with the byte search on every read."""
+    values = [b'"a"', b'" b c"', b'"error"', b'"errors"', b'"say \\"hi\\""', b'"a\\\\"', b'"caf\\u00e9"',
+              b'"x\\ny"', b'""', b"null", b'"d"', b'"e"', b'"f"']  # fmt: skip
+    reads = [_content_frame(endpoint, v) for v in values]
+    reads += [
+        _content_frame(endpoint, b'"g"', tail=b',"logprobs":null,"finish_reason":"stop","stop_reason":null}]}'),
+        _content_frame(
+            endpoint,
+            b'"h"',
+            tail=b',"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":9}}',
+        ),
+        _content_frame(endpoint, b'"i"'),
+        _content_frame(endpoint, b'"j"') + _content_frame(endpoint, b'"k"'),  # two frames in one read
+        _content_frame(endpoint, b'"l"')[:-1],  # no frame end yet
+        b"\n",
+        _content_frame(endpoint, b'"m"').replace(b'"id":"c"', b'"id":"other"'),
+        _content_frame(endpoint, b'"n"').replace(b'"id":"c"', b'"id":"other"'),
+        _content_frame(endpoint, b'"o"', tail=b':"p","logprobs":null,"finish_reason":null}]}'),
+        _content_frame(endpoint, b'"q"', tail=b"}]}"),
+        _content_frame(endpoint, b'"r"', tail=b"}]}"),
+        _frames(FINAL_USAGE),
+        DONE,
+    ]
+
+    def run(learn: bool) -> tuple[list[object], tuple[object, ...], int]:
+        reader = _reader(endpoint, options, True)
+        searched = 0
+        fast = reader._fast
+
+        def counting_fast(payload: bytes) -> bool | None:
+            nonlocal searched
+            searched += 1
+            kept: bool | None = fast(payload)
+            return kept
+
+        reader._fast = counting_fast
+        if not learn:
+            reader._learn = lambda data: None
+        events: list[object] = []
+        for data in reads:
+            event = reader.feed(data)
+            events.append(None if event is None else (*_summary(event), event.wire_frames))
+        state = (reader.prompt_tokens, reader.output_tokens, reader.finished, reader.ended, reader.source)
+        return events, (*state, reader._content_chunks), searched
+
+    learned, searched = run(True), run(False)
+    assert learned[:2] == searched[:2]
+    # Read without the byte search: "b c", "errors", "d", "e", "f", "i", "n", "r" (after a chunk like them).
+    assert searched[2] - learned[2] == 8
+    # (new tokens, output tokens) per read; None: nothing to send and no count changed.
+    counts = [None if e is None else (e[1], e[3]) for e in learned[0]]  # type: ignore[index]
+    assert counts == [*((1, n) for n in range(1, 9)), (0, 8), (0, 8), (1, 9), (1, 10), (1, 11), (1, 12), (0, 12),
+                      (1, 13), (2, 15), None, *((1, n) for n in range(16, 22)), (0, 21), None]  # fmt: skip
+    assert learned[1] == (5, 21, True, True, "final_usage", 22)

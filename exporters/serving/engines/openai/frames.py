@@ -5,20 +5,26 @@ metrics; the stream (``stream.py``) stamps the times and delivers the events.
 
 Each upstream read (one chunk, or several when the proxy fell behind) becomes **one** event: the complete SSE
 frames, forwarded as they came in one write (``wire_frames``), plus the token count, finish reason and usage
-read from them by byte search. Only the few chunks that need more go through ``json.loads``: the finishing
-chunk, the usage-only chunk, a chunk with usage the client did not ask for (stripped), anything not compact
-JSON. A partial frame waits for the next read.
+read from them by byte search. A read that is the last plain content chunk's bytes around another plain
+string (most of a stream: only the text changes) is counted in one match instead (``FrameReader._learn``).
+Only the few chunks that need more go through ``json.loads``: the finishing chunk, the usage-only chunk, a
+chunk with usage the client did not ask for (stripped), anything not compact JSON. A partial frame waits for
+the next read.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 from exporters.serving.engine import FinishReason, GenerationRequest, OutputEvent
 from exporters.serving.engines.openai.errors import upstream_error
 from loadlens.util import sse
 
 _FINISH = {r.value: r for r in FinishReason}
+_PLAIN_STRING = re.compile(rb'(?!"error"\Z)"[^"\\\n]+"')
+"""A non-empty JSON string with no quote, escape or line break inside (nor ``"error"``, which ``_fast``
+leaves to the JSON path)."""
 
 TOKEN_SOURCES = ("usage", "final_usage", "chunks")
 """Where a finished stream's output-token counts came from (``loadlens_proxy_token_counts_total{source}``):
@@ -69,6 +75,11 @@ class FrameReader:
         self.finished = False
         self.ended = False  # [DONE] seen
         self._buf = b""
+        # The last plain content chunk's bytes around its text value (``_learn``): a read that is the same
+        # bytes around another plain string is that chunk again with other text (``feed``).
+        self._head: bytes | None = None  # None: nothing learned
+        self._tail = b""
+        self._head_len = self._tail_len = 0
         # Per read: what the frames of this read carried.
         self._tokens = 0
         self._texts: list[str] = []
@@ -91,21 +102,46 @@ class FrameReader:
         """The event for one read: every complete frame in it (a partial one waits for the next read); None
         when the read completed no frame that changes a count or is forwarded. Raises EngineError for
         invalid JSON or an error event in the stream."""
-        if (
-            self._client_streams
-            and not self._buf
-            and data.startswith(b"data: {")
-            and data.endswith(b"}\n\n")
-            and data.find(b"\n", 7) == len(data) - 2
-        ):
+        if self._client_streams and not self._buf:
             # The common read: one plain content chunk for a streaming client, forwarded as it came.
-            before = self.output_tokens
-            if self._fast(data[6:-2]):
-                return OutputEvent(
-                    "", self.output_tokens - before, self.prompt_tokens, self.output_tokens, wire_frames=data
-                )
-            self._tokens = 0  # the JSON path reads it again from the start
+            head = self._head
+            if (
+                head is not None
+                and data.startswith(head)
+                and data.endswith(self._tail)
+                and _PLAIN_STRING.fullmatch(data, self._head_len, len(data) - self._tail_len) is not None
+            ):
+                # The learned chunk's bytes around one other string without quotes, escapes or line breaks
+                # inside: every search of _fast finds what it found in the learned chunk (no key it looks
+                # for can start or end inside such a string), so it would count this one token the same.
+                self.output_tokens += 1
+                self._content_chunks += 1
+                return OutputEvent("", 1, self.prompt_tokens, self.output_tokens, wire_frames=data)
+            if data.startswith(b"data: {") and data.endswith(b"}\n\n") and data.find(b"\n", 7) == len(data) - 2:
+                before = self.output_tokens
+                if self._fast(data[6:-2]):
+                    tokens = self.output_tokens - before
+                    if tokens == 1:
+                        self._learn(data)
+                    return OutputEvent("", tokens, self.prompt_tokens, self.output_tokens, wire_frames=data)
+                self._tokens = 0  # the JSON path reads it again from the start
         return self._feed_frames(data)
+
+    def _learn(self, data: bytes) -> None:
+        """Keep the bytes around the text value of ``data``, one plain content chunk that ``_fast`` counted
+        one token for, when that value is a non-empty string without escapes and the chunk has no usage (its
+        counts would change). Its next reads then match in two comparisons (:meth:`feed`)."""
+        j = data.find(self._text_key)
+        if j < 0 or b'"usage":{' in data:
+            return
+        start = j + len(self._text_key) + 1  # the opening quote
+        if data[start - 1 : start + 1] != b':"':
+            return
+        end = data.find(b'"', start + 1) + 1  # after the closing quote
+        if end <= start + 2 or b"\\" in data[start:end] or data[end : end + 1] not in (b",", b"}"):
+            return
+        self._head, self._tail = data[:start], data[end:]
+        self._head_len, self._tail_len = start, len(data) - end
 
     def _feed_frames(self, data: bytes) -> OutputEvent | None:
         buf = self._buf + data if self._buf else data
