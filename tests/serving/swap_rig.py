@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
@@ -34,7 +33,7 @@ def write_adapter(root: Path, name: str) -> None:
 def blocking_sim(registry: CollectorRegistry) -> SimEngine:
     """Llama-8B on an H100 reading adapters from slow storage (:data:`ADAPTER_READ_BYTES_PER_S`) at speed 2,
     served as ``tiny``, admitting rank-256 adapters. A decode step of a few streams takes ~5 ms."""
-    gpu = dataclasses.replace(load_gpu_profile("h100-sxm"), adapter_read_bytes_per_s=ADAPTER_READ_BYTES_PER_S)
+    gpu = load_gpu_profile("h100-sxm").model_copy(update={"adapter_read_bytes_per_s": ADAPTER_READ_BYTES_PER_S})
     return SimEngine(
         load_model_profile("deepseek-r1-distill-llama-8b"),
         gpu,
