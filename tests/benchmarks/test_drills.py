@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import drills
+from benchmarks import drill_probes, drills
 
 # Wall time of each quick drill on the loaded 2-core box (9, 24, 31 and 41 s), x3 and rounded up: the 60 s
 # default would stop the longer ones on a busy CI worker before their own deadlines decide.
@@ -34,5 +34,5 @@ def test_scrape_sums_samples_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
         def __init__(self) -> None:
             self.text = text
 
-    monkeypatch.setattr("benchmarks.drills.httpx.get", lambda url, timeout: Response())
-    assert drills.scrape("http://x") == {"a_total": 5.0, "g": 0.5}
+    monkeypatch.setattr("benchmarks.drill_probes.httpx.get", lambda url, timeout: Response())
+    assert drill_probes.scrape("http://x") == {"a_total": 5.0, "g": 0.5}
