@@ -94,7 +94,9 @@ async def _disconnect_storm(url: str, n: int, concurrency: int, read_chunks: int
 
         async def one(i: int) -> None:
             async with gate:
-                response = await session.post(url + "/v1/completions", json=_body(512))
+                # Far more tokens than a client reads before it leaves: no stream can finish first, however slow
+                # the client (the tiny model's 2,048-token context, less the prompt).
+                response = await session.post(url + "/v1/completions", json=_body(1900))
                 try:
                     if response.status != 200:
                         outcome[f"status_{response.status}"] += 1
