@@ -23,7 +23,9 @@ def serve_app(app: Any, *, timeout_s: float = 30.0) -> Iterator[str]:
 
     The listening socket is bound here, once, and handed to uvicorn: a port picked by number and bound later
     could be taken in between by another process or a loopback client's ephemeral port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, as getaddrinfo gives it: asyncio sets TCP_NODELAY on accepted sockets only for that
+    # proto, and without it Nagle holds small responses for the client's delayed ACK (~40 ms a request).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
