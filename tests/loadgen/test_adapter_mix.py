@@ -135,15 +135,19 @@ def test_a_70_20_10_mix_on_the_sim_gives_exact_shares_per_adapter(sim_with_adapt
     result = result_of(tmp_path / "results")
     stage = result["stages"][0]
     assert stage["completed"] >= 60 and stage["failed"] == 0
-    # The requests sent (completed, or cancelled when the run stopped their user) are the first n picks of the
-    # round robin, whatever user sent each.
+    # The requests sent (completed, or cancelled when the run stopped their user) are the round robin's picks,
+    # whatever user sent each: the first n, less any pick a user drew and never sent because the run stopped it
+    # (at most one per user; a loaded machine once lost one: 362/104/52 of 363/103/52). So they are the first
+    # n + k picks less k of them, k <= users.
+    users = doc["stages"][0]["users"]
     sent = {m: s["completed"] + s["failed"] + s["cancelled"] for m, s in stage["models"].items()}
     n = sum(sent.values())
     wrr = SmoothWeightedRoundRobin([70.0, 20.0, 10.0])
     names = ("sql-lora", "chat-lora", "tiny")
-    expected = Counter(names[wrr.next()] for _ in range(n))
-    assert sent == dict(expected)
-    assert all(abs(sent[m] - n * w / 100) < 1 for m, w in zip(names, (70, 20, 10), strict=True))
+    picks = [names[wrr.next()] for _ in range(n + users)]
+    lost = next((k for k in range(users + 1) if all(Counter(picks[: n + k])[m] >= sent[m] for m in names)), None)
+    assert lost is not None, (sent, Counter(picks[:n]))
+    assert all(abs(sent[m] - n * w / 100) < 1 + lost for m, w in zip(names, (70, 20, 10), strict=True))
     # Every figure exists per adapter: latencies, tokens, goodput.
     per_model = {m: s["completed"] for m, s in stage["models"].items()}
     for m in names:
