@@ -136,9 +136,9 @@ def test_a_70_20_10_mix_on_the_sim_gives_exact_shares_per_adapter(sim_with_adapt
     stage = result["stages"][0]
     assert stage["completed"] >= 60 and stage["failed"] == 0
     # The requests sent (completed, or cancelled when the run stopped their user) are the round robin's picks,
-    # whatever user sent each: the first n, less any pick a user drew and never sent because the run stopped it
-    # (at most one per user; a loaded machine once lost one: 362/104/52 of 363/103/52). So they are the first
-    # n + k picks less k of them, k <= users.
+    # whatever user sent each: the first n, less any pick whose request was never recorded because the run
+    # stopped its user between the pick and the record (at most one per user; a loaded machine once lost one:
+    # 362/104/52 of 363/103/52). So they are the first n + k picks less k of them, k <= users.
     users = doc["stages"][0]["users"]
     sent = {m: s["completed"] + s["failed"] + s["cancelled"] for m, s in stage["models"].items()}
     n = sum(sent.values())
