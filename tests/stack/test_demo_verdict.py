@@ -103,6 +103,15 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         #    reaches, so its status (its own SLO checks) is decided by errors and TTFT at 2 users, a few ms
         #    against 200 ms, not by a stall of the box (a parallel CI worker has pushed ITL p99 past 50 ms).
         assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": before}).status_code == 200
+        # The first run's alert must be over before the second run starts: an alert still firing from it would
+        # resolve inside the second window, which is the first run's alert, not this one's (a loaded machine
+        # once resolved it 20 s into the second run). The page it sent stays in the log, the point of the test.
+        deadline = time.monotonic() + 180
+        while any(
+            a["labels"]["alertname"] == TTFT_ALERT for a in http.get(prom + "/api/v1/alerts").json()["data"]["alerts"]
+        ):
+            assert time.monotonic() < deadline, "the first run's TTFT alert did not resolve within 180 s"
+            time.sleep(1)
         log = str(stack.run_dir / "pages.jsonl")
         slo = yaml.safe_load(DEFAULT_SLO_FILE.read_text())
         for cls in slo["classes"]:
