@@ -43,7 +43,11 @@ _SPEC = "no speculative decoding in the sim (no draft model, so vLLM does not ex
 _CONNECTOR = "needs a KV connector (--kv-transfer-config); the sim has none, nor does a default vLLM"
 _NIXL = "NIXL transfer series exist only with NixlConnector (P/D disaggregation)"
 _OFFLOAD = "KV offloading series exist only with OffloadingConnector / SimpleCPUOffloadConnector"
-_MM = "no multimodal encoder cache in the sim (vLLM exports mm_cache_* only for multimodal models)"
+_EXTERNAL = (
+    "vllm:external_prefix_cache_* exist (as on every vLLM 0.32) but stay 0 without a KV connector: the hit rate "
+    "divides by queries > 0"
+)
+_MM = "vllm:mm_cache_* exist (as on every vLLM 0.32) but stay 0 for text-only requests: the rate divides by queries > 0"
 _SLEEP_OPS = "sleep-mode and RL weight-update operation histograms: the sim has no sleep mode or weight updates"
 _ROUTER = "a production-stack router series (vllm_router), not exported by vLLM or the sim"
 _GONE = "vllm:gpu_prefix_cache_* was removed in vLLM 0.12 (now vllm:prefix_cache_*); production-stack still queries it"
@@ -65,9 +69,9 @@ EXPECTED_EMPTY: dict[str, str] = {
     "vllm_instances [22.0] Sleep mode and weight update operations (selected time range) / __auto": _SLEEP_OPS,
     "vllm_instances [22.1] Sleep mode and weight update operations (selected time range) / __auto": _SLEEP_OPS,
     "vllm_instances [22.2] Sleep mode and weight update operations (selected time range) / __auto": _SLEEP_OPS,
-    "vllm_kv_cache [13.1] Cache hit rates / external prefix cache": _CONNECTOR,
+    "vllm_kv_cache [13.1] Cache hit rates / external prefix cache": _EXTERNAL,
     "vllm_kv_cache [13.2] Cache hit rates / multimodal cache": _MM,
-    "vllm_kv_cache [17.0] External prefix cache hit rate / hit rate": _CONNECTOR,
+    "vllm_kv_cache [17.0] External prefix cache hit rate / hit rate": _EXTERNAL,
     "vllm_kv_cache [18.0] Requests waiting on KV loads / {{stage}}": _CONNECTOR,
     "vllm_kv_cache [20.0] Transfer duration / p50": _NIXL,
     "vllm_kv_cache [20.1] Transfer duration / p95": _NIXL,
@@ -109,7 +113,7 @@ EXPECTED_EMPTY: dict[str, str] = {
     "vllm_kv_cache [34.0] Blocks restored from offload / s / blocks": _OFFLOAD,
     "vllm_kv_cache [35.0] Offload pool blocks / pinned": _OFFLOAD,
     "vllm_kv_cache [35.1] Offload pool blocks / pending stores": _OFFLOAD,
-    "vllm_overview [32.1] Cache hit rates / external prefix cache": _CONNECTOR,
+    "vllm_overview [32.1] Cache hit rates / external prefix cache": _EXTERNAL,
     "vllm_overview [32.2] Cache hit rates / multimodal cache": _MM,
     "vllm_speculative_decoding [0.0] Draft acceptance rate / __auto": _SPEC,
     "vllm_speculative_decoding [1.0] Mean acceptance length / __auto": _SPEC,

@@ -210,22 +210,12 @@ def test_seeded_children_exist_at_zero_before_any_request() -> None:
         assert sample(reg, "vllm:admission_rejections_total", model_name="tiny", reason=reason) == 0
     assert sample(reg, "vllm:num_requests_running", **lab) == 0
     assert sample(reg, "vllm:time_to_first_token_seconds_count", **lab) == 0
-    info = {
-        "block_size": "16",
-        "cache_dtype": "auto",
-        "calculate_kv_scales": "False",
-        "cpu_offload_gb": "0",
-        "enable_prefix_caching": "True",
-        "gpu_memory_utilization": "0.92",
-        "is_attention_free": "False",
-        "num_cpu_blocks": "None",
-        "num_gpu_blocks": str(engine.knobs()["num_gpu_blocks"]),
-        "num_gpu_blocks_override": "None",
-        "prefix_caching_hash_algo": "sha256",
-        "sliding_window": "None",
-        "swap_space": "4",
-        "engine": "0",
-    }
+    # vLLM 0.32 registers them on every server; no KV connector and no multi-modal input: they stay 0.
+    for name in ("external_prefix_cache_queries", "external_prefix_cache_hits", "mm_cache_queries", "mm_cache_hits"):
+        assert sample(reg, f"vllm:{name}_total", **lab) == 0
+    blocks = engine.knobs()["num_gpu_blocks"]  # max_model_len 2048: 128 blocks per request
+    info = _cache_labels(engine, blocks=str(blocks), override="None", concurrency=str(blocks / 128),
+                         tokens=str(blocks * 16))  # fmt: skip
     assert sample(reg, "vllm:cache_config_info", **info) == 1
     assert reg.get_sample_value("vllm:lora_requests_info", {"max_lora": "1", "waiting_lora_adapters": "",
                                                             "running_lora_adapters": ""}) is not None  # fmt: skip
@@ -650,7 +640,9 @@ def test_set_knobs_is_atomic_and_validated() -> None:
         assert "larger than the maximum number of tokens that can be stored in KV cache (1024)" in err.value.message
         after = await engine.set_knobs({"max_num_seqs": 8, "num_gpu_blocks": 500, "scheduling_policy": "priority"})
         assert after["max_num_seqs"] == 8 and after["num_gpu_blocks"] == 500
-        assert sample(reg, "vllm:cache_config_info", **_cache_labels(engine)) == 1
+        # 500 blocks of 16 tokens, 128 of them per 2048-token request: 3.90625 requests, 8,000 tokens
+        labels = _cache_labels(engine, blocks="500", override="500", concurrency="3.90625", tokens="8000")
+        assert sample(reg, "vllm:cache_config_info", **labels) == 1
         reverted = await engine.set_knobs({"gpu_memory_utilization": 0.5})
         assert reverted["num_gpu_blocks"] == roofline.num_gpu_blocks(engine.model, engine.gpu, 0.5, 8192, 8)
         await engine.set_knobs({"max_model_len": 2048})  # unchanged value is fine
@@ -659,22 +651,46 @@ def test_set_knobs_is_atomic_and_validated() -> None:
     run(body())
 
 
-def _cache_labels(engine: SimEngine) -> dict[str, str]:
+def _cache_labels(engine: SimEngine, *, blocks: str, override: str, concurrency: str, tokens: str) -> dict[str, str]:
+    """Every label of vLLM 0.32's ``vllm:cache_config_info`` as the sim writes it."""
     k = engine.knobs()
     return {
+        "_block_size_resolved": "True",
         "block_size": "16",
         "cache_dtype": "auto",
-        "calculate_kv_scales": "False",
-        "cpu_offload_gb": "0",
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": "16",
+        "enable_mamba_shared_prefix_checkpoint": "False",
         "enable_prefix_caching": str(k["enable_prefix_caching"]),
         "gpu_memory_utilization": str(k["gpu_memory_utilization"]),
+        "hash_block_size": "None",
         "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": concurrency,
+        "kv_cache_memory_bytes": "None",
+        "kv_cache_size_tokens": tokens,
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "auto",
         "num_cpu_blocks": "None",
-        "num_gpu_blocks": str(k["num_gpu_blocks"]),
-        "num_gpu_blocks_override": str(k["num_gpu_blocks"]),
+        "num_gpu_blocks": blocks,
+        "num_gpu_blocks_override": override,
+        "prefix_cache_retention_interval": "0",
         "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16",
+        "skip_page_size_padded": "None",
         "sliding_window": "None",
-        "swap_space": "4",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
+        "user_specified_block_size": "False",
         "engine": "0",
     }
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadlens.util.child import http_child_process
 from loadlens.util.net import free_port
@@ -20,54 +21,25 @@ from tests.support.vllm_model import SERVED_NAME
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-_CACHE_CONFIG_NEW = (
-    "_block_size_resolved",
-    "cache_hit_alignment_tokens",
-    "effective_attention_block_size",
-    "enable_mamba_shared_prefix_checkpoint",
-    "hash_block_size",
-    "kv_cache_dtype_skip_layers",
-    "kv_cache_layout",
-    "kv_cache_max_concurrency",
-    "kv_cache_memory_bytes",
-    "kv_cache_size_tokens",
-    "kv_offloading_backend",
-    "kv_offloading_size",
-    "kv_sharing_fast_prefill",
-    "mamba_block_size",
-    "mamba_cache_dtype",
-    "mamba_cache_mode",
-    "mamba_page_size_padded",
-    "mamba_ssm_cache_dtype",
-    "prefix_cache_retention_interval",
-    "prefix_match_unit",
-    "replayssm_buffer_len",
-    "skip_page_size_padded",
-    "swa_bounded_replay",
-    "use_kda_recoverssm",
-    "use_replayssm",
-    "user_specified_block_size",
-)
-_CACHE_CONFIG_GONE = ("calculate_kv_scales", "cpu_offload_gb", "swap_space")
+ALLOWED: dict[str, str] = {}
+"""Each known difference between the sim's shapes and vLLM 0.32's, with why it is there. None is left: the
+sim's ``cache_config_info`` labels, ``external_prefix_cache_*`` and ``mm_cache_*`` now follow vLLM 0.32."""
 
-ALLOWED: dict[str, str] = {
-    **{
-        f"family only in vllm: vllm:{name}_total": "the sim has no connector for an external KV cache (LMCache, "
-        "offloading) and no multi-modal processor cache; vLLM 0.32 registers these counters on every server"
-        for name in ("external_prefix_cache_hits", "external_prefix_cache_queries", "mm_cache_hits", "mm_cache_queries")
-    },
-    **{
-        f"label only in vllm: vllm:cache_config_info {label}": "vLLM 0.32's CacheConfig fields; the sim's "
-        "label set is an older vLLM's (issue 22, item 4)"
-        for label in _CACHE_CONFIG_NEW
-    },
-    **{
-        f"label only in sim: vllm:cache_config_info {label}": "a CacheConfig field of an older vLLM that 0.32 "
-        "no longer has; the sim still writes it (issue 22, item 4)"
-        for label in _CACHE_CONFIG_GONE
-    },
+PLATFORM_VALUES: dict[str, str] = {
+    "block_size": "vLLM's CPU platform uses 128-token blocks; vLLM on a GPU, and the sim, 16",
+    "effective_attention_block_size": "the block size of the one full-attention group: block_size",
+    "num_gpu_blocks": "the CPU cache is VLLM_CPU_KVCACHE_SPACE (1 GiB) of the tiny model's blocks; the sim's is "
+    "what its GPU profile leaves next to the weights",
+    "kv_cache_max_concurrency": "num_gpu_blocks / blocks per max_model_len request (checked on both sides)",
+    "kv_cache_size_tokens": "kv_cache_max_concurrency x max_model_len (checked on both sides)",
+    "kv_cache_memory_bytes": "the CPU platform sets it from VLLM_CPU_KVCACHE_SPACE; on a GPU it stays None unless "
+    "--kv-cache-memory-bytes is given, and the sim sizes by gpu_memory_utilization",
 }
-"""Each known difference between the sim's shapes and vLLM 0.32's, with why it is there."""
+"""``cache_config_info`` labels whose value differs between the CPU vLLM and the sim (a GPU), and why."""
+MACHINE_VALUES: dict[str, tuple[str, ...]] = {
+    "mamba_ssm_cache_dtype": ("auto", "float32"),  # the CPU platform sets float32 where the CPU has AVX-512 BF16
+}
+"""Labels whose CPU vLLM value depends on the test machine's CPU: the values it may take."""
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +67,37 @@ def same_requests(base_url: str) -> str:
     return httpx.get(base_url + "/metrics", timeout=10).text
 
 
-def test_sim_families_match_vllm_but_for_the_allowed(vllm_server: rig.VllmServer, sim_url: str) -> None:
-    real = metric_shapes.shapes(same_requests(vllm_server.url), prefix="vllm:")
-    sim = metric_shapes.shapes(same_requests(sim_url), prefix="vllm:")
+@pytest.fixture(scope="module")
+def expositions(vllm_server: rig.VllmServer, sim_url: str) -> tuple[str, str]:
+    """(vLLM's, the sim's) exposition after the same requests."""
+    return same_requests(vllm_server.url), same_requests(sim_url)
+
+
+def test_sim_families_match_vllm_but_for_the_allowed(expositions: tuple[str, str]) -> None:
+    real, sim = (metric_shapes.shapes(text, prefix="vllm:") for text in expositions)
     found = metric_shapes.diff(real, sim, "vllm", "sim")
     assert sorted(found - ALLOWED.keys()) == [], "differences without a reason in ALLOWED"
     assert sorted(ALLOWED.keys() - found) == [], "ALLOWED lists differences that are gone"
+
+
+def cache_config_info(text: str) -> dict[str, str]:
+    """The labels of the one ``vllm:cache_config_info`` sample, ``engine`` included."""
+    (labels,) = [s.labels for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name == "vllm:cache_config_info"]  # fmt: skip
+    return dict(labels)
+
+
+def test_cache_config_info_values_agree_but_for_the_platform(expositions: tuple[str, str]) -> None:
+    real, sim = (cache_config_info(text) for text in expositions)
+    assert real.keys() == sim.keys()
+    for name, values in MACHINE_VALUES.items():
+        assert (real[name] in values, sim[name]) == (True, "auto"), name
+    differing = {name for name in real if real[name] != sim[name]} - MACHINE_VALUES.keys()
+    assert sorted(differing) == sorted(PLATFORM_VALUES)
+    # vLLM's capacity arithmetic for one full-attention group, the same on both sides.
+    for info in (real, sim):
+        blocks_per_request = -(-rig.MAX_MODEL_LEN // int(info["block_size"]))
+        concurrency = int(info["num_gpu_blocks"]) / blocks_per_request
+        assert info["kv_cache_max_concurrency"] == str(concurrency)
+        assert info["kv_cache_size_tokens"] == str(int(concurrency * rig.MAX_MODEL_LEN))
+        assert info["effective_attention_block_size"] == info["block_size"]

@@ -53,20 +53,49 @@ def blocks_for(model: ModelProfile, gpu: GPUProfile, k: Knobs, override: int | N
 
 
 def cache_config_info(k: Knobs, override: int | None) -> dict[str, str]:
-    """vLLM's CacheConfig.metrics_info() keys that mean something here (a subset; values as strings, in this
-    order: the order is the label order of the series)."""
+    """vLLM 0.32's ``vllm:cache_config_info`` labels (every field of its ``CacheConfig``, as ``str()`` writes
+    them) for the sim's cache, in alphabetical order (the order of the series' labels, ``engine`` then added
+    last). The sizes are the sim's own: 16-token blocks, ``num_gpu_blocks`` of them, and vLLM's capacity
+    arithmetic for one full-attention group (concurrency = blocks / blocks of one ``max_model_len`` request;
+    tokens = concurrency x ``max_model_len``). Fields the sim has no notion of (Mamba state, KV offloading, the
+    layout and hash granularity that vLLM's API server never learns from its engine core) carry what vLLM
+    0.32's API server prints for a default Llama-style server on a GPU."""
+    concurrency = k.num_gpu_blocks / cdiv(k.max_model_len, BLOCK_SIZE) if k.num_gpu_blocks else 0.0
     return {
+        "_block_size_resolved": "True",
         "block_size": str(BLOCK_SIZE),
         "cache_dtype": "auto",
-        "calculate_kv_scales": "False",
-        "cpu_offload_gb": "0",
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": str(BLOCK_SIZE),
+        "enable_mamba_shared_prefix_checkpoint": "False",
         "enable_prefix_caching": str(k.enable_prefix_caching),
         "gpu_memory_utilization": str(k.gpu_memory_utilization),
+        "hash_block_size": "None",
         "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": str(concurrency),
+        "kv_cache_memory_bytes": "None",
+        "kv_cache_size_tokens": str(int(concurrency * k.max_model_len)),
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "auto",
         "num_cpu_blocks": "None",
         "num_gpu_blocks": str(k.num_gpu_blocks),
         "num_gpu_blocks_override": str(override),
+        "prefix_cache_retention_interval": "0",
         "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16",
+        "skip_page_size_padded": "None",
         "sliding_window": "None",
-        "swap_space": "4",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
+        "user_specified_block_size": "False",
     }

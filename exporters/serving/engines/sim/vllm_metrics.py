@@ -10,7 +10,8 @@ counted when the request's first token is produced, like vLLM's iteration stats.
 
 Prompt tokens by source: ``local_compute`` + ``local_cache_hit`` (+ ``external_kv_transfer``, always 0: no KV
 connector) = ``prompt_tokens``; ``prompt_tokens_cached`` = the cache hits, all from the GPU prefix cache
-(``prompt_tokens_cached_by_source{source="device"}``). The MFU counters (``estimated_*_per_gpu``, opt-in in
+(``prompt_tokens_cached_by_source{source="device"}``). ``external_prefix_cache_*`` and ``mm_cache_*`` exist and
+stay 0, as on a vLLM without a KV connector serving a text-only model. The MFU counters (``estimated_*_per_gpu``, opt-in in
 vLLM with ``--enable-mfu-metrics``, always on here) are the roofline's own FLOPs and bytes per step. The
 KV-block residency histograms (``kv_block_*``, opt-in in vLLM with ``--kv-cache-metrics``, sampling 1 % of
 blocks) are always on and sample every prefix-cached block (see :mod:`.block_pool`).
@@ -181,6 +182,17 @@ class VllmMetrics:
         self.preemptions = counter("vllm:num_preemptions", "Preemptions by the engine (recompute).")
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix-cache lookups, in tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
+        # vLLM 0.32 registers these on every server; they move only with a KV connector (external prefix cache)
+        # or a multi-modal model (its processor cache), neither of which the sim has: they stay at 0, as on a
+        # real text-only server without a connector.
+        self.external_prefix_queries = counter(
+            "vllm:external_prefix_cache_queries", "External (KV connector) prefix-cache lookups, in tokens."
+        )
+        self.external_prefix_hits = counter(
+            "vllm:external_prefix_cache_hits", "External (KV connector) prefix-cache hits, in tokens."
+        )
+        self.mm_cache_queries = counter("vllm:mm_cache_queries", "Multi-modal cache lookups, in items.")
+        self.mm_cache_hits = counter("vllm:mm_cache_hits", "Multi-modal cache hits, in items.")
         rejections = self._counter_cls(
             "vllm:admission_rejections",
             "Requests refused at admission because a waiting-queue bound was reached.",
