@@ -10,11 +10,12 @@ counted when the request's first token is produced, like vLLM's iteration stats.
 
 Prompt tokens by source: ``local_compute`` + ``local_cache_hit`` (+ ``external_kv_transfer``, always 0: no KV
 connector) = ``prompt_tokens``; ``prompt_tokens_cached`` = the cache hits, all from the GPU prefix cache
-(``prompt_tokens_cached_by_source{source="device"}``). ``external_prefix_cache_*`` and ``mm_cache_*`` exist and
-stay 0, as on a vLLM without a KV connector serving a text-only model. The MFU counters (``estimated_*_per_gpu``, opt-in in
-vLLM with ``--enable-mfu-metrics``, always on here) are the roofline's own FLOPs and bytes per step. The
-KV-block residency histograms (``kv_block_*``, opt-in in vLLM with ``--kv-cache-metrics``, sampling 1 % of
-blocks) are always on and sample every prefix-cached block (see :mod:`.block_pool`).
+(``prompt_tokens_cached_by_source{source="device"}``). ``external_prefix_cache_*`` and ``mm_cache_*`` exist
+and stay 0, as on a vLLM without a KV connector serving a text-only model. The MFU counters
+(``estimated_*_per_gpu``, opt-in in vLLM with ``--enable-mfu-metrics``, always on here) are the roofline's own
+FLOPs and bytes per step. The KV-block residency histograms (``kv_block_*``, opt-in in vLLM with
+``--kv-cache-metrics``, sampling 1 % of blocks) are always on and sample every prefix-cached block (see
+:mod:`.block_pool`).
 
 Aborts are counted under ``request_success{finished_reason="abort"}`` (real vLLM leaves that at 0,
 vllm-project/vllm#31503) and, as in vLLM, observed in no histogram.
