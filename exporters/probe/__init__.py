@@ -1,9 +1,10 @@
-"""In-process allocator probe: publishes what only a GPU-owning PyTorch process can see (docs/probe-documents.md).
+"""In-process allocator probe: publishes what only a GPU-owning PyTorch process can see (docs/probe-documents.md),
+and the events its callers record (LoRA loads), in a process without CUDA too.
 
 ::
 
     from exporters.probe import start_probe
-    probe = start_probe("vllm-worker")        # None when LOADLENS_PROBE_DIR is unset or CUDA is absent
+    probe = start_probe("vllm-worker")        # None when LOADLENS_PROBE_DIR is unset or torch is missing
     if probe is not None:
         probe.record_lora_load("sql-lora", 16, t0, t1, on_demand=True)
         probe.record_cuda_graph_capture(4.2)
@@ -49,7 +50,8 @@ def _seconds(name: str, default: float) -> float:
 def start_probe(role: str, *, directory: str | os.PathLike[str] | None = None, torch: Any = None) -> Probe | None:
     """Start the probe thread and publish the first document; None (one log line) when it cannot run.
 
-    ``directory`` defaults to ``$LOADLENS_PROBE_DIR``; unset or empty disables the probe. Never raises.
+    ``directory`` defaults to ``$LOADLENS_PROBE_DIR``; unset or empty disables the probe. Without CUDA the
+    probe runs and its document has no devices, only the events its callers record. Never raises.
     """
     try:
         if directory is None:
@@ -66,10 +68,6 @@ def start_probe(role: str, *, directory: str | os.PathLike[str] | None = None, t
             except Exception as err:  # ImportError, or a broken CUDA install raising OSError
                 log.info("loadlens probe: disabled (torch unavailable: %s)", err)
                 return None
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_available():
-            log.info("loadlens probe: disabled (CUDA is not available)")
-            return None
         probe = Probe(
             role,
             directory,
@@ -80,5 +78,11 @@ def start_probe(role: str, *, directory: str | os.PathLike[str] | None = None, t
     except Exception as err:
         log.warning("loadlens probe: disabled (%s: %s)", type(err).__name__, err)
         return None
-    log.info("loadlens probe: role %s writing %s every %.3g s", role, probe.path, probe.interval)
+    log.info(
+        "loadlens probe: role %s writing %s every %.3g s%s",
+        role,
+        probe.path,
+        probe.interval,
+        "" if probe.has_cuda else " (no CUDA: events only, no devices)",
+    )
     return probe

@@ -1,5 +1,8 @@
 """The in-process allocator probe: a daemon thread that reads ``torch.cuda`` and publishes a document.
 
+In a process whose torch has no CUDA (a CPU build, vLLM's CPU worker) it reads nothing and publishes the
+process's events only: no devices, no stats or snapshot figures.
+
 Every ``interval`` seconds it reads ``memory_stats(i)`` for each device this process uses (cheap: counters
 under the allocator's lock), and every ``snapshot_interval`` seconds ``memory_snapshot()`` (walks every
 block while holding the allocator's lock and the GIL, so it is the probe's real cost). It never calls
@@ -74,7 +77,9 @@ class Probe:
         self.role = role
         self.directory = Path(directory)
         self._torch = torch
-        self._cuda = torch.cuda
+        cuda = getattr(torch, "cuda", None)
+        # Without CUDA (a CPU build of torch, vLLM's CPU worker) the document has no devices, only events.
+        self._cuda: Any = cuda if cuda is not None and cuda.is_available() else None
         self.interval = interval
         self.base_snapshot_interval = snapshot_interval
         self.snapshot_interval = snapshot_interval
@@ -218,8 +223,15 @@ class Probe:
         self.snapshot_interval = min(self._max_snapshot_interval, max(self.base_snapshot_interval, wanted))
         self._next_snapshot = now + self.snapshot_interval
 
+    @property
+    def has_cuda(self) -> bool:
+        """Whether this process's torch has CUDA; without it the document carries events only."""
+        return self._cuda is not None
+
     def _devices(self, now: float) -> list[ProbeDevice]:
         cuda = self._cuda
+        if cuda is None:
+            return []
         if not cuda.is_initialized():
             return []  # reading now would create a CUDA context in a process that has none yet
         start = self._timer()
@@ -238,7 +250,8 @@ class Probe:
 
     def _backend(self) -> str:
         try:
-            return str(self._cuda.get_allocator_backend()) if self._cuda.is_initialized() else ""
+            cuda = self._cuda
+            return str(cuda.get_allocator_backend()) if cuda is not None and cuda.is_initialized() else ""
         except Exception:
             return ""
 
@@ -263,9 +276,10 @@ class Probe:
             hostname=self.hostname[:255],
             written_at=now,
             interval_seconds=self.interval,
-            snapshot_interval_seconds=self.snapshot_interval,
+            # Absent, not zero, where nothing is read: a process without CUDA takes no stats and no snapshots.
+            snapshot_interval_seconds=self.snapshot_interval if self.has_cuda else None,
             snapshot_duration_seconds=self.snapshot_duration,
-            stats_duration_seconds=self.stats_duration,
+            stats_duration_seconds=self.stats_duration if self.has_cuda else None,
             torch_version=str(getattr(self._torch, "__version__", "")),
             allocator_backend=self._backend(),
             allocator_config=self._config,

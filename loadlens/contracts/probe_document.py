@@ -1,6 +1,7 @@
 """The per-process probe document: the contract between ``exporters.probe`` and the GPU exporter.
 
-A probe inside each GPU-owning PyTorch process writes one of these, atomically, into a shared directory
+A probe inside each PyTorch process it is started in (with CUDA or without: a process without CUDA publishes
+no devices, only its events) writes one of these, atomically, into a shared directory
 (``LOADLENS_PROBE_DIR``); the GPU exporter's ``probe`` collector reads every one at each scrape
 (docs/probe-documents.md). Units are base units (bytes, seconds, Unix seconds).
 
@@ -105,9 +106,13 @@ class ProbeDocument(_Strict):
     hostname: str = Field(max_length=255)
     written_at: float = Field(description="Unix time the document was written")
     interval_seconds: float = Field(gt=0, description="the probe's stats interval; staleness is derived from it")
-    snapshot_interval_seconds: float = Field(gt=0, description="current interval between snapshots (backs off)")
+    snapshot_interval_seconds: float | None = Field(
+        default=None, gt=0, description="current interval between snapshots (backs off); null without CUDA"
+    )
     snapshot_duration_seconds: float | None = Field(default=None, ge=0, description="cost of the last snapshot")
-    stats_duration_seconds: float = Field(ge=0, description="cost of the last memory_stats() pass, all devices")
+    stats_duration_seconds: float | None = Field(
+        default=None, ge=0, description="cost of the last memory_stats() pass, all devices; null without CUDA"
+    )
     torch_version: str = ""
     allocator_backend: str = Field(default="", description="torch.cuda.get_allocator_backend(), '' if unknown")
     allocator_config: dict[str, str] = Field(default_factory=dict, description="PYTORCH_ALLOC_CONF as key -> value")

@@ -258,7 +258,6 @@ def test_start_probe_reads_the_environment(tmp_path: Path, monkeypatch: pytest.M
     [
         ("trainer", None, FakeCuda({}, []), "disabled (LOADLENS_PROBE_DIR is not set)"),
         ("Not A Slug!", "x", FakeCuda({}, []), "must match"),
-        ("trainer", "x", FakeCuda({}, [], available=False), "disabled (CUDA is not available)"),
     ],
 )
 def test_start_probe_returns_none_with_one_line(
@@ -275,6 +274,38 @@ def test_start_probe_returns_none_with_one_line(
         got = start_probe(role, directory=None if directory is None else tmp_path / directory, torch=fake_torch(cuda))
     assert got is None
     assert len(caplog.records) == 1 and message in caplog.records[0].getMessage()
+
+
+def test_without_cuda_the_document_has_events_and_no_devices(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's CPU worker: nothing of torch.cuda is read, fields with nothing behind them are absent (null)."""
+    cuda = FakeCuda({0: stats(2**30, 2**29, 2**29)}, [], available=False)
+    with caplog.at_level(logging.INFO, logger="exporters.probe"):
+        probe = start_probe("vllm-worker", directory=tmp_path, torch=fake_torch(cuda))
+    assert probe is not None
+    try:
+        assert [r.getMessage() for r in caplog.records] == [
+            f"loadlens probe: role vllm-worker writing {probe.path} every 5 s (no CUDA: events only, no devices)"
+        ]
+        probe.record_lora_load("r8", 8, 100.0, 100.25, on_demand=True, source="cpu_cache")
+        probe.write_now()
+        doc = json.loads(probe.path.read_text())
+    finally:
+        probe.stop()
+    assert cuda.calls == []  # no memory_stats(), no memory_snapshot()
+    assert doc["devices"] == [] and doc["allocator_backend"] == ""
+    assert doc["stats_duration_seconds"] is None and doc["snapshot_interval_seconds"] is None
+    assert doc["snapshot_duration_seconds"] is None
+    assert doc["events"] == {
+        "lora_loads": [
+            {"adapter": "r8", "rank": 8, "start": 100.0, "end": 100.25, "on_demand": True, "source": "cpu_cache"}
+        ],
+        "lora_loads_total": 1,
+        "lora_on_demand_loads_total": 1,
+        "lora_load_seconds_total": 0.25,
+        "lora_on_demand_load_seconds_total": 0.25,
+        "cuda_graph_capture_seconds": None,
+    }
+    ProbeDocument.model_validate(doc)
 
 
 def test_start_probe_without_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

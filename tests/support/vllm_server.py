@@ -12,6 +12,7 @@ goes to a log file, whose tail every failure to start carries (docs/real-vllm.md
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,32 @@ ENV: dict[str, str] = {
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+
+LORA_LOG_LOGGER = "vllm.lora.model_manager"
+"""vLLM's logger that writes, at DEBUG, one line per adapter put into a GPU slot (``Activating LoRA. int id:
+N, slot index: I``) and per adapter read into its cache (``Adding lora. Model id: N, ...``)."""
+
+
+def lora_logging_config(path: Path) -> dict[str, str]:
+    """Write a vLLM logging configuration (``VLLM_LOGGING_CONFIG_PATH``) to ``path``: vLLM's loggers at INFO to
+    stdout, ``LORA_LOG_LOGGER`` at DEBUG, so vLLM's own log says which adapter loads it did; returns the env."""
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "plain": {"format": "%(levelname)s %(asctime)s [%(name)s pid=%(process)d] %(message)s"},
+        },
+        "handlers": {
+            "vllm": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"},
+        },
+        "loggers": {
+            "vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
+            LORA_LOG_LOGGER: {"level": "DEBUG"},
+        },
+    }
+    path.write_text(json.dumps(config, indent=1))
+    return {"VLLM_LOGGING_CONFIG_PATH": str(path)}
 
 
 class VllmStartError(RuntimeError):
@@ -104,6 +131,15 @@ def vllm_argv(
     ]
 
 
+def server_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """vLLM's environment: this one, ``ENV``, ``extra``, and this checkout first on ``PYTHONPATH``, so the code
+    vLLM runs in its processes (loadlens's plugin and probe) is the checkout's, whatever loadlens
+    ``.venv-vllm`` has installed (an editable install points at the checkout that made it)."""
+    merged = {**os.environ, **ENV, **(extra or {})}
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), merged.get("PYTHONPATH", "")) if p)
+    return merged
+
+
 def log_tail(path: Path, lines: int = 60) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -146,7 +182,8 @@ def vllm_server(
     timeout_s: float = 300.0,
     stop_grace_s: float = 10.0,
 ) -> Iterator[VllmServer]:
-    """Start vLLM (``ENV`` and ``env`` added to this environment), wait until ``/health`` answers 200,
+    """Start vLLM (``server_env(env)``: ``ENV``, ``env``, the checkout first on ``PYTHONPATH``), wait until
+    ``/health`` answers 200,
     yield it, kill its process group on exit."""
     port = port or free_port()
     argv = vllm_argv(model, port, interpreter=interpreter, max_loras=max_loras, extra_args=extra_args)
@@ -161,7 +198,7 @@ def vllm_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, **ENV, **(env or {})},
+            env=server_env(env),
         )
     url = f"http://127.0.0.1:{port}"
     try:

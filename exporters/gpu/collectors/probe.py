@@ -129,7 +129,8 @@ class _ProcessFamilies:
         self.doc_age.add_metric(proc, max(0.0, now - doc.written_at))
         if doc.snapshot_duration_seconds is not None:
             self.snap_cost.add_metric(proc, doc.snapshot_duration_seconds)
-        self.snap_every.add_metric(proc, doc.snapshot_interval_seconds)
+        if doc.snapshot_interval_seconds is not None:  # null in a process without CUDA: it takes no snapshots
+            self.snap_every.add_metric(proc, doc.snapshot_interval_seconds)
         ev = doc.events
         self.loads.add_metric([*proc, "on_demand"], float(ev.lora_on_demand_loads_total))
         self.loads.add_metric([*proc, "preload"], float(ev.lora_loads_total - ev.lora_on_demand_loads_total))
