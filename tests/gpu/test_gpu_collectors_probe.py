@@ -276,6 +276,36 @@ def test_collector_series_joined_by_uuid(tmp_path: Path) -> None:
     assert got["loadlens_gpu_collector_success", frozenset({("collector", "probe")})] == 1
 
 
+def test_a_process_without_cuda_exports_its_events_and_no_device_series(tmp_path: Path) -> None:
+    """vLLM's CPU worker: no devices, no stats or snapshot figures (null), so none of their series."""
+    exp, _ = exporter(tmp_path, ["probe"])
+    doc = document(
+        snapshot_interval_seconds=None,
+        snapshot_duration_seconds=None,
+        stats_duration_seconds=None,
+        allocator_backend="",
+        allocator_config={},
+        torch_version="2.13.0+cpu",
+    )
+    write(
+        tmp_path, doc.model_copy(update={"events": doc.events.model_copy(update={"cuda_graph_capture_seconds": None})})
+    )
+    got = scrape(exp)
+    p = frozenset({"pid": str(os.getpid()), "role": "vllm-worker"}.items())
+    assert {k[0] for k in got if "pid" in dict(k[1])} == {
+        "loadlens_gpu_probe_info",
+        "loadlens_gpu_probe_document_age_seconds",
+        "loadlens_gpu_probe_lora_loads_total",
+        "loadlens_gpu_probe_lora_load_seconds_total",
+        "loadlens_gpu_probe_lora_last_load_duration_seconds",
+        "loadlens_gpu_probe_lora_last_load_timestamp_seconds",
+    }
+    assert got["loadlens_gpu_probe_lora_loads_total", p | {("trigger", "on_demand")}] == 1
+    assert got["loadlens_gpu_probe_lora_last_load_timestamp_seconds", p] == NOW - 4.75
+    info = p | {("hostname", "node-a"), ("torch_version", "2.13.0+cpu"), ("allocator_backend", "")}
+    assert got["loadlens_gpu_probe_info", frozenset(info)] == 1
+
+
 def test_unlistable_directory_fails_only_the_collector(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -1,7 +1,8 @@
 """Run in a subprocess by the tests: a fake vLLM first on sys.path, the plugin loaded by vLLM's plugin loader
 (the real entry point), then what a GPU worker does. Prints one JSON document: records, log lines, results.
 
-argv: <fake vllm root> <options JSON>. Options: probe_raises, register_twice, preimport, real_probe_dir."""
+argv: <fake vllm root> <options JSON>. Options: probe_raises, register_twice, preimport, real_probe_dir, no_cuda
+(the real probe's fake torch has no CUDA), cpu_worker (vLLM's CPU worker), init_args (for init_device)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ if options.get("real_probe_dir"):
 
     def _start_real(role: str) -> Any:
         roles.append(role)
-        cuda = FakeCuda({0: stats(2**30, 2**29, 2**29)}, [])
+        cuda = FakeCuda({0: stats(2**30, 2**29, 2**29)}, [], available=not options.get("no_cuda"))
         probes.append(start_probe(role, directory=options["real_probe_dir"], torch=fake_torch(cuda)))
         return probes[-1]
 
@@ -93,9 +94,12 @@ else:
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
+if options.get("cpu_worker"):  # vLLM's CPU build: its worker replaces init_device
+    from vllm.v1.worker.cpu_worker import CPUWorker as Worker  # type: ignore[assignment]
+
 results: dict[str, Any] = {}
 worker = Worker({"/a/sql": 8, "/a/chat": 16})
-results["init_device"] = worker.init_device()
+results["init_device"] = worker.init_device(*options.get("init_args", []))
 results["explicit"] = worker.add_lora(LoRARequest("sql", 1, "/a/sql"))  # add_lora RPC: not on demand
 clock.advance(10.0)
 batch = {LoRARequest("sql", 1, "/a/sql"), LoRARequest("chat", 2, "/a/chat")}

