@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from loadlens.util.http import http_ok
 from loadlens.util.net import free_port
 from tests.support.paths import ROOT
@@ -86,6 +88,17 @@ def lora_slot_fills(log_text: str) -> list[tuple[int, str]]:
         fills.append((lora_id, "storage" if added == lora_id else "cpu_cache"))
         added = None
     return fills
+
+
+@contextlib.contextmanager
+def adapters_unloaded(client: httpx.Client, names: Sequence[str]) -> Iterator[None]:
+    """Unload the adapters ``names`` through ``client`` (vLLM or a proxy in front of it) when the block ends: a
+    session's vLLM lists its adapters to every later test."""
+    try:
+        yield
+    finally:
+        for name in names:
+            client.post("/v1/unload_lora_adapter", json={"lora_name": name})
 
 
 class VllmStartError(RuntimeError):

@@ -157,7 +157,11 @@ def test_live_swaps_are_attributed_and_judged_by_the_verdict(
     log_path = tmp_path / "proxy.log"
     tag = f"hs{os.getpid()}"
     adapters = [f"{tag}-r{rank}" for rank in RANKS]
-    with probe_proxy(vllm_server, vllm_probe_dir, log_path) as url, httpx.Client(base_url=url, timeout=300) as client:
+    with (
+        probe_proxy(vllm_server, vllm_probe_dir, log_path) as url,
+        httpx.Client(base_url=url, timeout=300) as client,
+        rig.adapters_unloaded(client, adapters),
+    ):
         loads_start, _ = worker_loads(vllm_probe_dir)
         log_start = len(vllm_server.log_path.read_text(encoding="utf-8", errors="replace"))
         for adapter, rank in zip(adapters, RANKS, strict=True):  # registered through the proxy: explicit loads

@@ -115,7 +115,8 @@ def test_lora_loads_of_every_kind_are_recorded_as_vllm_did_them(
     before = the_document(vllm_probe_dir).events.lora_loads_total
     log_offset = len(vllm_server.log_path.read_text(encoding="utf-8", errors="replace"))
     tag = f"probe{os.getpid()}"  # names no other test of the session uses
-    with httpx.Client(base_url=vllm_server.url, timeout=120) as client:
+    names = [f"{tag}-r{rank}" for rank in (2, 8, 32)] + [f"{tag}-r2b"]
+    with httpx.Client(base_url=vllm_server.url, timeout=120) as client, rig.adapters_unloaded(client, names):
         for rank in (2, 8, 32):
             _load(client, vllm_server, f"{tag}-r{rank}", rank)
         _complete(client, f"{tag}-r2")
