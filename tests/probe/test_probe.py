@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -319,7 +320,9 @@ def test_start_probe_without_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(builtins, "__import__", no_torch)
+    monkeypatch.setitem(sys.modules, "torch", None)  # also where another test imported it: the import fails
     assert start_probe("trainer", directory=tmp_path) is None
+    assert not list(tmp_path.iterdir())
 
 
 def test_start_probe_never_raises_on_an_unwritable_directory(tmp_path: Path) -> None:
