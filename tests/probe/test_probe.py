@@ -277,8 +277,11 @@ def test_start_probe_returns_none_with_one_line(
     assert len(caplog.records) == 1 and message in caplog.records[0].getMessage()
 
 
-def test_without_cuda_the_document_has_events_and_no_devices(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_without_cuda_the_document_has_events_and_no_devices(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """vLLM's CPU worker: nothing of torch.cuda is read, fields with nothing behind them are absent (null)."""
+    monkeypatch.delenv("LOADLENS_PROBE_INTERVAL", raising=False)  # the default interval, whatever ran before
     cuda = FakeCuda({0: stats(2**30, 2**29, 2**29)}, [], available=False)
     with caplog.at_level(logging.INFO, logger="exporters.probe"):
         probe = start_probe("vllm-worker", directory=tmp_path, torch=fake_torch(cuda))
