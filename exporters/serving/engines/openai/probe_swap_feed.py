@@ -1,4 +1,4 @@
-"""LoRA swap windows from the upstream's own GPU workers, for the ``openai`` proxy.
+"""LoRA swap windows from the upstream's own workers (GPU, or vLLM's CPU worker), for the ``openai`` proxy.
 
 The proxy times only the load/unload calls it forwards. A vLLM that runs the loadlens plugin also loads
 adapters *on demand*, when a request names one that is not resident, with no call the proxy could see. The
