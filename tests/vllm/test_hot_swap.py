@@ -2,11 +2,15 @@
 behind ``loadlens serve --engine openai --upstream-probe-dir``, streams cycling adapters r2/r8/r32 concurrently,
 so that each adapter change waits for the GPU slot and blocks the requests queued behind it.
 
-What is asserted is what does not depend on timing: the swaps the worker's probe recorded are the slot fills
+What is asserted is what does not depend on timing, with one exception: the swaps the worker's probe recorded are the slot fills
 vLLM's own log shows, adapter by adapter; the proxy turned each into a swap window; every request the proxy
 charged with blocking overlapped one of those windows; its series count what its request log says; and the
 verdict's hot-swap check (``loadgen/verdict``) is computed from the series' increase over the run, as
-``--prometheus`` would query it. The figures themselves (how many were delayed over 200 ms) are printed, not
+``--prometheus`` would query it. The exception: that at least one request was charged needs the proxy to have
+read a window (the probe publishes within about 50 ms, the feed polls every 200 ms) before a request queued
+behind it ends; each stream runs ``MAX_TOKENS`` steps after its swap, over a second even on an idle machine
+(vLLM's CPU step for six streams of the tiny model took 6 to 13 ms here), four times the read's worst case.
+The figures themselves (how many were delayed over 200 ms) are printed, not
 asserted: they are timings of a loaded CPU."""
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 RANKS = (2, 8, 32)
 REQUESTS = 24  # with the 3 explicit loads, at most 27 loads: the probe document keeps the last 32
 CONCURRENCY = 6
-MAX_TOKENS = 48
+MAX_TOKENS = 192  # steps after a request's swap: the margin for the feed to read its window (docstring)
 SERIES = {
     "blocked": "loadlens_lora_swap_blocking_seconds_count",
     "delayed": "loadlens_lora_swap_delayed_requests_total",
