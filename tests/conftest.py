@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -57,3 +58,28 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     """One real sim + GPU exporter + load generator + Prometheus run, shared by every test that reads live data."""
     with live_sim_run(tmp_path_factory.mktemp("live")) as run:
         yield run
+
+
+PROCESS_SETTINGS = {
+    "PYTEST_CURRENT_TEST": "pytest's own, set per test phase",
+    "TOKENIZERS_PARALLELISM": "loadgen/tokenizer.py sets it once per process (setdefault) before the first encode",
+}
+"""Variables a test may leave set: each is set on purpose, once per process, the same way for every test."""
+
+
+@pytest.fixture(autouse=True)
+def environment_left_as_found() -> Iterator[None]:
+    """A test that changes this process's environment and does not put it back (use ``monkeypatch.setenv``)
+    changes every later test on its xdist worker, which then passes or fails by the order tests were dealt:
+    such a test fails here, naming the variables, and the environment is put back."""
+    before = {k: v for k, v in os.environ.items() if k not in PROCESS_SETTINGS}
+    yield
+    after = {k: v for k, v in os.environ.items() if k not in PROCESS_SETTINGS}
+    if after != before:
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        for key in changed:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
+        pytest.fail(f"the test left the environment changed: {', '.join(changed)}", pytrace=False)

@@ -108,8 +108,12 @@ def test_reason_when_torch_is_missing() -> None:
     assert reason is not None and reason.startswith("torch cannot be imported (ImportError")
 
 
-def test_rig_scrapes_a_probe_through_the_exporter(tmp_path: Path) -> None:
+def test_rig_scrapes_a_probe_through_the_exporter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A fake torch and no NVML on this machine: the probe collector still reads the document (gpu="").
+    # step_rig sets the probe's intervals in this process's environment, as the GPU run wants; monkeypatch puts
+    # back what was there, so a later test in this worker does not start its probe with them.
+    monkeypatch.setenv("LOADLENS_PROBE_INTERVAL", "1")
+    monkeypatch.setenv("LOADLENS_PROBE_SNAPSHOT_INTERVAL", "0.05")
     cuda = FakeCuda({0: stats(4 * MIB, 3 * MIB, 3 * MIB - 1000, **{"segment.all.current": 2})}, synthetic_snapshot(2))
     rig = gpr.Rig(tmp_path, tmp_path / "probe", fake_torch(cuda))
     report = gpr.Report(lambda _: None)
