@@ -1,7 +1,8 @@
 """``loadlens experiment token-budget`` with ``--server-command`` starting a real vLLM per trial (docs/real-vllm.md,
 *Experiments on a real server*): the smallest grid that shows the knobs reach vLLM, two values of
-max_num_seqs at one token budget, each trial's server started with its flags, waited for, measured through
-its own ``/metrics`` and killed with its whole process group before the next one starts.
+max_num_seqs at one token budget (4,096: more than six of these prompts, so it never binds), each trial's
+server started with its flags, waited for, measured through its own ``/metrics`` and killed with its whole
+process group before the next one starts.
 
 It starts its own servers (a restart per trial is the point), so it does not use the session's vLLM.
 """
@@ -26,7 +27,7 @@ from tests.vllm.conftest import require_vllm
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("vllm")]
 
 SEQS = (2, 6)
-BUDGET = 512
+BUDGET = 4096
 USERS = 12
 """96 users × --users-scale 0.125: twice the larger max_num_seqs, so every trial's slots stay full."""
 
@@ -41,7 +42,8 @@ def non_default_args(log: str) -> dict[str, object]:
 
 
 def pids(log: str) -> set[int]:
-    """The pids of the API server, the engine core and its worker, as vLLM prefixes its log lines: ``(EngineCore pid=123)``."""
+    """The pids of the API server, the engine core and its worker, as vLLM prefixes its log lines
+    (``(EngineCore pid=123)``)."""
     return {int(p) for p in re.findall(r"\((?:APIServer|EngineCore|Worker)[^ ]* pid=(\d+)\)", log)}
 
 
@@ -73,9 +75,8 @@ def test_token_budget_restarts_a_real_vllm_per_trial(tmp_path: Path) -> None:
     assert (result.server.mode, result.server.command, result.server.target) == (
         "command", template, f"http://127.0.0.1:{port}"
     )  # fmt: skip
-    names = [f"s{n}-t{BUDGET}" for n in SEQS]
     assert [(t.name, t.status, t.knobs) for t in result.trials] == [
-        (name, "done", {"max_num_seqs": n, "max_num_batched_tokens": BUDGET}) for name, n in zip(names, SEQS)
+        (f"s{n}-t{BUDGET}", "done", {"max_num_seqs": n, "max_num_batched_tokens": BUDGET}) for n in SEQS
     ]
     for trial, n in zip(result.trials, SEQS, strict=True):
         log = (exp_dir / "trials" / trial.name / "server.log").read_text(errors="replace")
