@@ -154,13 +154,13 @@ class _Child:
         """SIGTERM to the whole group, then SIGKILL to whatever of it is left after ``grace_s``, even when the
         leader already exited: a server's children (vLLM's ``EngineCore`` and workers) can outlive it and
         would hold the memory and answer the next trial."""
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while _group_alive(self.proc.pid) and time.monotonic() < deadline:
             self.proc.poll()  # reap the leader, so a dead one does not keep the group alive as a zombie
             time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._out.close()

@@ -1,7 +1,7 @@
 """``loadlens experiment token-budget`` with ``--server-command`` starting a real vLLM per trial (docs/real-vllm.md,
 *Experiments on a real server*): the smallest grid that shows the knobs reach vLLM, two values of
-max_num_seqs at one token budget (4,096: more than six of these prompts, so it never binds), each trial's
-server started with its flags, waited for, measured through its own ``/metrics`` and killed with its whole
+max_num_seqs at one token budget (4,096: more than six prompts of their mean length), each trial's server
+started with its flags, waited for, measured through its own ``/metrics`` and killed with its whole
 process group before the next one starts.
 
 It starts its own servers (a restart per trial is the point), so it does not use the session's vLLM.
