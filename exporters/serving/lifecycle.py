@@ -51,6 +51,8 @@ class RequestLifecycle:
     first_token_at: float | None = None
     last_token_at: float | None = None
     finish_reason: str | None = None
+    whole: bool = False
+    """The answer arrived whole (``on_whole``): no time to first token exists, so none is judged."""
     admitted: bool = False
     done: bool = False
     extra: dict[str, object] = field(default_factory=dict)
@@ -149,6 +151,17 @@ class RequestLifecycle:
             series.observe_itl(now - self.last_token_at)
         self.last_token_at = now
 
+    def on_whole(self, prompt_tokens: int, output_tokens: int) -> None:
+        """An answer that arrived whole (a proxy relaying a non-streamed upstream answer): its tokens are
+        counted; they have no arrival times, so there is no first token and no inter-token gap."""
+        series = self.series
+        assert series is not None
+        self.whole = True
+        self.prompt_tokens = prompt_tokens
+        if output_tokens > self.output_tokens:
+            series.add_output_tokens(output_tokens - self.output_tokens)
+        self.output_tokens = max(self.output_tokens, output_tokens)
+
     # --- endings ----------------------------------------------------------------------------------------
 
     def finish_ok(self, finish_reason: str | None, timing: RequestTiming, cached_tokens: int = 0) -> None:
@@ -179,7 +192,7 @@ class RequestLifecycle:
                 series.lora_delayed.inc()
         # SLA verdict for this request's class.
         missed = []
-        if ttft is None or ttft > self.cls.ttft_seconds:
+        if (ttft is None and not self.whole) or (ttft is not None and ttft > self.cls.ttft_seconds):
             missed.append("ttft")
         if tpot is not None and tpot > self.cls.itl_seconds:
             missed.append("itl")
