@@ -34,34 +34,6 @@ COMPLETION = {
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 BODIES = {"chat": CHAT, "completions": COMPLETION}
 
-_VLLM_ONLY = {
-    "service_tier",
-    "system_fingerprint",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "metrics",
-    "choices[0].token_ids",
-    "choices[0].routed_experts",
-    "usage.prompt_tokens_details",
-    "usage.completion_tokens_details",
-}
-_CHAT_VLLM_ONLY = {"prompt_logprobs", "prompt_token_ids", "prompt_text"} | {
-    f"choices[0].message.{field}" for field in ("refusal", "annotations", "audio", "function_call", "reasoning")
-}
-NON_STREAMED_GAPS: dict[str, set[str]] = {
-    "chat": {f"only vLLM: {path}" for path in _VLLM_ONLY | _CHAT_VLLM_ONLY}
-    | {"only proxy: choices[0].message.tool_calls"},  # an empty list where vLLM writes none
-    "completions": {
-        f"only vLLM: {path}" for path in _VLLM_ONLY | {"choices[0].prompt_logprobs", "choices[0].prompt_token_ids"}
-    },
-}
-"""What a non-streamed answer through the proxy lacks of vLLM's. The proxy always streams from the upstream
-(exporters/serving/engines/openai/engine.py: exact token counts from the final usage chunk) and the HTTP layer
-builds the non-streamed body from the stream's events, in the OpenAI shape: vLLM's own additions (its
-fingerprint, prompt details, KV-transfer and per-token fields, mostly null here) are not carried. Issue 22,
-item 2 decides whether the proxy should pass vLLM's body through."""
-
-
 FINGERPRINT = rb',"system_fingerprint":"[^"]*"'
 
 
@@ -143,12 +115,19 @@ def test_a_client_that_asks_for_no_usage_misses_vllms_fingerprint(vllm_proxy: Pr
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_non_streamed_answers_match_vllms_but_for_its_additions(vllm_proxy: Proxy, endpoint: str) -> None:
+def test_non_streamed_answers_are_vllms_bytes(vllm_proxy: Proxy, endpoint: str) -> None:
+    """A non-streamed request goes on to vLLM as it came and its answer comes back whole: the client's body is
+    the very body vLLM sent for the forwarded request (recorded between them), with vLLM's content type; the
+    same request sent directly gets the same answer but for its own id and creation time."""
     direct = post(vllm_proxy.upstream.url, PATHS[endpoint], BODIES[endpoint])
+    vllm_proxy.relay.clear()
     proxied = post(vllm_proxy.url, PATHS[endpoint], BODIES[endpoint])
     assert direct.status_code == proxied.status_code == 200
+    assert vllm_proxy.relay.bodies() == [proxied.content]
+    assert proxied.headers["content-type"] == direct.headers["content-type"] == "application/json"
     assert direct.json()["usage"]["completion_tokens"] == 12
-    assert differences(direct.json(), proxied.json()) == NON_STREAMED_GAPS[endpoint]
+    assert differences(direct.json(), proxied.json()) == set()
+    assert b'"system_fingerprint":"' in proxied.content
 
 
 TOO_LONG = {**COMPLETION, "prompt": "ab " * 1100}
@@ -161,27 +140,32 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
-def test_upstream_errors_are_forwarded_with_vllms_status_and_body(vllm_proxy: Proxy, case: str) -> None:
+def test_upstream_errors_are_vllms_status_and_bytes(vllm_proxy: Proxy, case: str) -> None:
     endpoint, body = ERRORS[case]
     direct = post(vllm_proxy.upstream.url, PATHS[endpoint], body)
     proxied = post(vllm_proxy.url, PATHS[endpoint], body)
     assert direct.status_code in (400, 404)
-    assert (proxied.status_code, proxied.json()) == (direct.status_code, direct.json())
+    assert (proxied.status_code, proxied.headers["content-type"], proxied.content) == (
+        direct.status_code,
+        direct.headers["content-type"],
+        direct.content,
+    )
 
 
-def test_a_bad_parameter_is_refused_by_the_proxy_with_vllms_status_type_and_param(vllm_proxy: Proxy) -> None:
-    """The HTTP layer validates a request before any engine sees it (docs/serving.md, *Request validation*),
-    so the message is its own; status, type and the parameter named are vLLM's."""
-    body = {**COMPLETION, "temperature": -1}
-    direct = post(vllm_proxy.upstream.url, PATHS["completions"], body).json()["error"]
-    proxied = post(vllm_proxy.url, PATHS["completions"], body).json()["error"]
-    assert direct == {
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bad_parameter_gets_vllms_own_refusal(vllm_proxy: Proxy, stream: bool) -> None:
+    """The proxy leaves value checks to the upstream (``Engine.forwards_upstream_errors``; docs/serving.md,
+    *Request validation*): vLLM's status and bytes, its own message."""
+    body = {**COMPLETION, "temperature": -1, "stream": stream}
+    direct = post(vllm_proxy.upstream.url, PATHS["completions"], body)
+    proxied = post(vllm_proxy.url, PATHS["completions"], body)
+    assert direct.json()["error"] == {
         "message": "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)",
         "type": "BadRequestError",
         "param": "temperature",
         "code": 400,
     }
-    assert proxied == {**direct, "message": "temperature: Input should be greater than or equal to 0"}
+    assert (proxied.status_code, proxied.content) == (direct.status_code, direct.content)
 
 
 def test_lora_adapters_load_and_serve_through_the_proxy(vllm_proxy: Proxy) -> None:
