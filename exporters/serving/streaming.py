@@ -239,7 +239,7 @@ class _Streamed:
         body = ev.wire_frames
         if body is not None:
             self.saw_wire = True
-            return body
+            return body or None  # empty: the engine holds this event's frames back for a later event
         if ev.new_tokens == 0 and not ev.text and ev.finish_reason is None and ev.role is None:
             return None  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
         if ev.role is not None:

@@ -5,6 +5,7 @@ generation. What differs is listed with the reason, so a change on either side s
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -87,8 +88,9 @@ def test_auto_detects_vllm(vllm_proxy: Proxy) -> None:
 )
 def test_streams_are_vllms_bytes(vllm_proxy: Proxy, endpoint: str, options: dict[str, bool] | None) -> None:
     """The client's data lines are the very lines vLLM wrote for the forwarded request (recorded between the
-    proxy and vLLM), byte for byte and chunk for chunk, but for the usage chunk the proxy asked vLLM for
-    on behalf of a client that did not."""
+    proxy and vLLM), byte for byte and chunk for chunk, but for the usage chunk the proxy asked vLLM for on
+    behalf of a client that did not: that client gets the finishing chunk with the usage chunk's
+    system_fingerprint last, where vLLM writes it when no usage was asked for."""
     body: dict[str, Any] = {**BODIES[endpoint], "stream": True}
     if options is not None:
         body["stream_options"] = options
@@ -100,18 +102,32 @@ def test_streams_are_vllms_bytes(vllm_proxy: Proxy, endpoint: str, options: dict
     assert done == b"data: [DONE]"
     assert b'"choices":[],"usage":{' in usage
     assert b'"completion_tokens":12}' in usage
-    assert lines == (upstream if options else [*generated, done])
+    if options:
+        assert lines == upstream
+    else:
+        fingerprint = re.search(FINGERPRINT, usage)
+        assert fingerprint is not None and re.search(FINGERPRINT, generated[-1]) is None
+        assert lines == [*generated[:-1], generated[-1][:-1] + fingerprint.group(0) + b"}", done]
 
 
-def test_a_client_that_asks_for_no_usage_misses_vllms_fingerprint(vllm_proxy: Proxy) -> None:
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_client_that_asks_for_no_usage_gets_vllms_fingerprint_where_vllm_puts_it(
+    vllm_proxy: Proxy, endpoint: str
+) -> None:
     """vLLM writes its system_fingerprint on a stream's last chunk: the usage chunk when the client asked for
-    usage, else the finishing chunk. The proxy always asks vLLM for usage (exact token totals) and drops that
-    chunk for a client that did not ask, so such a client never sees the fingerprint (issue 22, item 2)."""
-    body: dict[str, Any] = {**CHAT, "stream": True}
-    direct = stream(vllm_proxy.upstream.url, "chat", body)[1]
-    proxied = stream(vllm_proxy.url, "chat", body)[1]
+    usage, else the finishing chunk. Through the proxy (which always asks vLLM for usage) a client that asked
+    for none gets the finishing chunk with the same fields in the same order as from vLLM directly."""
+    body: dict[str, Any] = {**BODIES[endpoint], "stream": True}
+    direct = stream(vllm_proxy.upstream.url, endpoint, body)[1]
+    proxied = stream(vllm_proxy.url, endpoint, body)[1]
     assert [bool(re.search(FINGERPRINT, line)) for line in direct[-2:]] == [True, False]
-    assert [line for line in proxied if re.search(FINGERPRINT, line)] == []
+    assert [bool(re.search(FINGERPRINT, line)) for line in proxied[-2:]] == [True, False]
+    mine, theirs = json.loads(proxied[-2][6:]), json.loads(direct[-2][6:])
+    assert list(mine) == list(theirs)
+    assert (mine["system_fingerprint"], mine["choices"][0]["finish_reason"]) == (
+        theirs["system_fingerprint"],
+        theirs["choices"][0]["finish_reason"],
+    )
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
