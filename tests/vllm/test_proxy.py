@@ -1,7 +1,8 @@
-"""``loadlens serve --engine openai --upstream-kind auto`` in front of a real vLLM. A stream through the
-proxy is compared with what vLLM sent for that very request (a recording relay sits between them); other
-answers with the same request sent to vLLM directly, greedy (temperature 0), so both are the same
-generation. What differs is listed with the reason, so a change on either side shows here."""
+"""``loadlens serve --engine openai --upstream-kind auto`` in front of a real vLLM. The client gets vLLM's
+bytes: a stream or a non-streamed answer through the proxy is compared with what vLLM sent for that very
+request (a recording relay sits between them), byte for byte; errors with the same request sent to vLLM
+directly, greedy (temperature 0), so both are the same generation. The one change the proxy makes (a usage
+chunk it asked for on a client's behalf) is asserted exactly, so a change on either side shows here."""
 
 from __future__ import annotations
 
