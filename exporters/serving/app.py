@@ -266,16 +266,22 @@ async def _generate_inner(
         if parsed.stream:
             stream = await state.engine.generate(gen)
         else:
-            admitted = await admit_unless_client_leaves(request.receive, state.engine.generate(gen))
+            admitted = await admit_unless_client_leaves(request.receive, state.engine.generate(gen), life.admit)
             if admitted is None:
                 life.finish_abort("client_disconnect", None)
                 return Response(status_code=499)  # nobody reads it: the client has gone
             stream = admitted
     except EngineError as err:
         response = engine_error_response(err)
+        life.withdraw()
         life.reject(response.status_code, engine_error_reason(err), err.message)
         return response
-    life.admit()
+    except asyncio.CancelledError:
+        if life.admitted:  # in flight while the engine admitted it: never left counted
+            life.finish_abort("shutdown", None)
+        raise
+    if not life.admitted:
+        life.admit()
     return respond(life, stream, parsed, model)
 
 

@@ -132,6 +132,13 @@ class RequestLifecycle:
         self.series = self.metrics.series(self.operation, self.model_label, self.cls.name)
         self.series.in_flight.inc()
 
+    def withdraw(self) -> None:
+        """Undo :meth:`admit` for a request the engine refused after all (a non-streamed request through the
+        proxy is in flight while the upstream works on it: its refusal comes then). No-op when not admitted."""
+        if self.admitted and self.series is not None:
+            self.series.in_flight.dec()
+        self.admitted = False
+
     # --- per event (hot path) ---------------------------------------------------------------------------
 
     def on_event(self, now: float, new_tokens: int, prompt_tokens: int, output_tokens: int) -> None:

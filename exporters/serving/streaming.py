@@ -9,7 +9,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -268,11 +268,23 @@ class _Streamed:
         return True
 
 
-async def admit_unless_client_leaves(receive: Receive, admission: Awaitable[RequestStream]) -> RequestStream | None:
+async def admit_unless_client_leaves(
+    receive: Receive, admission: Awaitable[RequestStream], pending: Callable[[], None]
+) -> RequestStream | None:
     """Await an engine's admission of a non-streamed request, or the client going away first (None; the
     admission is cancelled). A proxy relaying a non-streamed answer admits only when the upstream has
-    answered, the whole generation later: the client may leave before, and the upstream must hear of it."""
+    answered, the whole generation later: the client may leave before, and the upstream must hear of it.
+    ``pending`` is called when the admission did not end in its first step (the request is then in flight
+    meanwhile); an engine that admits or refuses at once (the sim) never waits here."""
     admit = asyncio.ensure_future(admission)
+    try:
+        await asyncio.sleep(0)  # the admission's first step runs before this resumes (the ready queue is FIFO)
+    except asyncio.CancelledError:
+        admit.cancel()
+        raise
+    if admit.done():
+        return admit.result()
+    pending()
 
     async def left() -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -145,6 +145,7 @@ def test_an_upstream_error_reaches_the_client_byte_for_byte(stream: bool) -> Non
     assert (r.status_code, r.headers["content-type"], r.content) == (400, "application/json", REFUSAL)
     assert upstream.posted[0]["temperature"] == -1  # the upstream judged it, not the proxy
     assert _count(registry, "loadlens_request_rejections_total", reason="upstream_error") == 1
+    assert _count(registry, "loadlens_requests_in_flight") == 0  # in flight while the upstream judged it
 
 
 @pytest.mark.parametrize(
@@ -174,15 +175,27 @@ def test_value_checks_are_left_to_the_upstream() -> None:
     assert upstream.posted == [_chat(**odd)]
 
 
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
 def test_a_client_leaving_a_non_streamed_request_closes_the_upstream_connection() -> None:
+    """The upstream holds its answer; the client leaves once the upstream has the request."""
     upstream = ScriptedUpstream()
     upstream.hold = True
     with _chain(upstream) as (url, registry):
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(url + CHAT, json=_chat(), timeout=httpx.Timeout(30, read=0.5))
+        body = json.dumps(_chat()).encode()
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (CHAT.encode(), len(body), body))  # fmt: skip
+            _until(lambda: len(upstream.posted) == 1)
+            # The proxy counted it in flight before sending it on.
+            assert _count(registry, "loadlens_requests_in_flight") == 1
         assert upstream.closed_unanswered.wait(30)  # vLLM aborts a request whose connection closed
-        deadline = time.monotonic() + 30
-        while _count(registry, "loadlens_request_aborts_total", reason="client_disconnect") == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        _until(lambda: _count(registry, "loadlens_request_aborts_total", reason="client_disconnect") == 1)
     assert _count(registry, "loadlens_requests_total", code="499") == 1
+    assert _count(registry, "loadlens_requests_in_flight") == 0
