@@ -51,14 +51,14 @@ from exporters.serving.openapi import ROUTE_DOCS, install_openapi
 from exporters.serving.protocol import (
     ParsedRequest,
     RequestError,
+    parse_generation,
     parse_json_body,
     parse_load_adapter,
-    parse_request,
     parse_unload_adapter,
 )
 from exporters.serving.request_log import LogFormat, RequestLogger
 from exporters.serving.responses_api import ResponsesAPIResponse, parse_responses_request
-from exporters.serving.streaming import GenerationResponse
+from exporters.serving.streaming import GenerationResponse, admit_unless_client_leaves
 from exporters.serving.tracing import Tracing, extract_context, new_trace_id, parse_traceparent
 from loadlens import __version__
 from loadlens.contracts.device_state import DEVICE_STATE_PATH
@@ -230,7 +230,10 @@ async def _generate_inner(
     default_class = state.slos.class_for_priority(0)
     try:
         body = await _read_json(request)
-        parsed = parse(body) if parse is not None else parse_request(endpoint, body)
+        if parse is not None:
+            parsed = parse(body)
+        else:
+            parsed = parse_generation(endpoint, body, forwarded=state.engine.forwards_upstream_errors)
     except _TooLarge:
         life = early_life(state.base_model, 0, False)
         life.reject(413, INVALID_REQUEST.reason, f"request body larger than {MAX_BODY_BYTES} bytes")
@@ -260,12 +263,25 @@ async def _generate_inner(
         stream_requested=parsed.stream,
     )
     try:
-        stream = await state.engine.generate(gen)
+        if parsed.stream:
+            stream = await state.engine.generate(gen)
+        else:
+            admitted = await admit_unless_client_leaves(request.receive, state.engine.generate(gen), life.admit)
+            if admitted is None:
+                life.finish_abort("client_disconnect", None)
+                return Response(status_code=499)  # nobody reads it: the client has gone
+            stream = admitted
     except EngineError as err:
         response = engine_error_response(err)
+        life.withdraw()
         life.reject(response.status_code, engine_error_reason(err), err.message)
         return response
-    life.admit()
+    except asyncio.CancelledError:
+        if life.admitted:  # in flight while the engine admitted it: never left counted
+            life.finish_abort("shutdown", None)
+        raise
+    if not life.admitted:
+        life.admit()
     return respond(life, stream, parsed, model)
 
 

@@ -52,7 +52,8 @@ class EngineError(Exception):
     """A refusal or failure with enough detail for an OpenAI-style error body.
 
     ``status`` is only used for ``ErrorKind.UPSTREAM`` (the proxied server's status); ``body`` is the
-    upstream's own error JSON to forward unchanged when there is one.
+    upstream's own error body, a JSON object, as the bytes it sent (forwarded byte for byte, with
+    ``content_type``, the upstream's ``Content-Type``), when there is one.
     """
 
     def __init__(
@@ -62,7 +63,8 @@ class EngineError(Exception):
         *,
         param: str | None = None,
         status: int | None = None,
-        body: Mapping[str, Any] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
         retry_after_seconds: float | None = None,
     ) -> None:
         super().__init__(message)
@@ -71,6 +73,7 @@ class EngineError(Exception):
         self.param = param
         self.status = status
         self.body = body
+        self.content_type = content_type
         self.retry_after_seconds = retry_after_seconds
 
 
@@ -154,6 +157,12 @@ class OutputEvent:
     several frames counts their tokens in ``new_tokens`` and is sent in one write."""
     role: str | None = None
     """Set on a first chunk that only announces the assistant role (OpenAI chat streaming)."""
+    whole_body: bytes | None = None
+    """The upstream's complete non-streamed answer (a proxy engine relays a non-streaming client's request as
+    it came): the HTTP layer sends these bytes as the response body, with ``whole_content_type``, instead of
+    building one. Its tokens came at once, with no arrival times of their own: the event counts them, sets
+    no first token and no inter-token gap (the request is measured by its duration)."""
+    whole_content_type: str | None = None
 
 
 class RequestStream(abc.ABC):

@@ -62,7 +62,9 @@ def engine_error_response(err: EngineError) -> Response:
         # Retry-After is whole seconds; never 0, which clients read as "immediately, in a tight loop".
         headers["Retry-After"] = str(max(1, round(err.retry_after_seconds)))
     if err.body is not None:
-        return Response(json.dumps(err.body), status_code=status, media_type="application/json", headers=headers)
+        # The upstream's bytes as they came: its Content-Type set here keeps Starlette from adding a charset.
+        headers["content-type"] = err.content_type or "application/json"
+        return Response(err.body, status_code=status, headers=headers)
     return error_response(status, err.message, err.param, headers)
 
 

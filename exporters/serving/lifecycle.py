@@ -51,6 +51,8 @@ class RequestLifecycle:
     first_token_at: float | None = None
     last_token_at: float | None = None
     finish_reason: str | None = None
+    whole: bool = False
+    """The answer arrived whole (``on_whole``): no time to first token exists, so none is judged."""
     admitted: bool = False
     done: bool = False
     extra: dict[str, object] = field(default_factory=dict)
@@ -130,6 +132,13 @@ class RequestLifecycle:
         self.series = self.metrics.series(self.operation, self.model_label, self.cls.name)
         self.series.in_flight.inc()
 
+    def withdraw(self) -> None:
+        """Undo :meth:`admit` for a request the engine refused after all (a non-streamed request through the
+        proxy is in flight while the upstream works on it: its refusal comes then). No-op when not admitted."""
+        if self.admitted and self.series is not None:
+            self.series.in_flight.dec()
+        self.admitted = False
+
     # --- per event (hot path) ---------------------------------------------------------------------------
 
     def on_event(self, now: float, new_tokens: int, prompt_tokens: int, output_tokens: int) -> None:
@@ -148,6 +157,17 @@ class RequestLifecycle:
         elif self.last_token_at is not None:
             series.observe_itl(now - self.last_token_at)
         self.last_token_at = now
+
+    def on_whole(self, prompt_tokens: int, output_tokens: int) -> None:
+        """An answer that arrived whole (a proxy relaying a non-streamed upstream answer): its tokens are
+        counted; they have no arrival times, so there is no first token and no inter-token gap."""
+        series = self.series
+        assert series is not None
+        self.whole = True
+        self.prompt_tokens = prompt_tokens
+        if output_tokens > self.output_tokens:
+            series.add_output_tokens(output_tokens - self.output_tokens)
+        self.output_tokens = max(self.output_tokens, output_tokens)
 
     # --- endings ----------------------------------------------------------------------------------------
 
@@ -179,7 +199,7 @@ class RequestLifecycle:
                 series.lora_delayed.inc()
         # SLA verdict for this request's class.
         missed = []
-        if ttft is None or ttft > self.cls.ttft_seconds:
+        if (ttft is None and not self.whole) or (ttft is not None and ttft > self.cls.ttft_seconds):
             missed.append("ttft")
         if tpot is not None and tpot > self.cls.itl_seconds:
             missed.append("itl")

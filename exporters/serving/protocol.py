@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from exporters.serving.engine import Endpoint, SamplingParams
 
@@ -368,6 +368,86 @@ def parse_request(endpoint: Literal["chat", "completions"], body: dict[str, Any]
         priority=req.priority,
         body=body,
     )
+
+
+class _ForwardedHead(OpenAIModel):
+    """What a forwarding engine's HTTP layer reads itself: the served name (adapter routing, metrics label)
+    and whether the client streams (how the request is forwarded)."""
+
+    model: str | None = None
+    stream: bool | None = False
+
+
+class _ForwardedStream(OpenAIModel):
+    stream_options: StreamOptions | None = None
+
+
+_INT64 = TypeAdapter(Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)])
+_TOKENS = TypeAdapter(Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)])
+_FINITE = TypeAdapter(_Float)
+
+
+def _lenient(adapter: TypeAdapter[Any], value: Any) -> Any:
+    """``value`` as ``adapter`` reads it, None when absent or invalid (the upstream judges it)."""
+    if value is None:
+        return None
+    try:
+        return adapter.validate_python(value)
+    except ValidationError:
+        return None
+
+
+def parse_forwarded_request(endpoint: Endpoint, body: dict[str, Any]) -> ParsedRequest:
+    """A body for an engine that forwards it to a server of its own and that server's errors to the client
+    (``Engine.forwards_upstream_errors``, the proxy): only what the HTTP layer needs itself is checked, so the
+    client gets the upstream's own answer to everything else (a bad ``temperature`` gets vLLM's message).
+
+    Refused here (400): ``messages`` (chat) or ``prompt`` (completions) missing; ``model`` not a string;
+    ``stream`` not a boolean; with ``stream`` true, ``stream_options`` not an object of boolean flags (the
+    proxy adds ``include_usage`` to it). Read leniently, for span attributes and the priority class only
+    (absent or invalid: the defaults, and the upstream refuses them): ``max_tokens`` /
+    ``max_completion_tokens``, ``temperature``, ``seed``, ``priority``."""
+    required = "messages" if endpoint == "chat" else "prompt"
+    if required not in body:
+        raise RequestError(f"{required}: Field required", required)
+    try:
+        head = _ForwardedHead.model_validate({k: body[k] for k in ("model", "stream") if k in body})
+        stream = bool(head.stream)
+        options = None
+        if stream and "stream_options" in body:
+            options = _ForwardedStream.model_validate({"stream_options": body["stream_options"]}).stream_options
+    except ValidationError as err:
+        raise _validation_error(err) from None
+    max_tokens = _lenient(_TOKENS, body.get("max_completion_tokens")) if endpoint == "chat" else None
+    if max_tokens is None:
+        max_tokens = _lenient(_TOKENS, body.get("max_tokens"))
+    temperature = _lenient(_FINITE, body.get("temperature"))
+    sampling = SamplingParams(
+        max_tokens=max_tokens or 0,
+        temperature=1.0 if temperature is None else temperature,
+        seed=_lenient(_INT64, body.get("seed")),
+    )
+    return ParsedRequest(
+        endpoint=endpoint,
+        model=head.model,
+        prompt="",  # the upstream renders the prompt
+        image_count=0,
+        sampling=sampling,
+        stream=stream,
+        include_usage=bool(options is not None and options.include_usage),
+        continuous_usage_stats=bool(options is not None and options.continuous_usage_stats),
+        priority=_lenient(_INT64, body.get("priority")) or 0,
+        body=body,
+    )
+
+
+def parse_generation(
+    endpoint: Literal["chat", "completions"], body: dict[str, Any], *, forwarded: bool
+) -> ParsedRequest:
+    """The one entry for a generation body: fully validated (:func:`parse_request`), or, for an engine that
+    forwards the body and the upstream's errors (``forwarded``), only what the HTTP layer needs
+    (:func:`parse_forwarded_request`)."""
+    return parse_forwarded_request(endpoint, body) if forwarded else parse_request(endpoint, body)
 
 
 @dataclass(frozen=True, slots=True)

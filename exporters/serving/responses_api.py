@@ -185,7 +185,7 @@ class ResponsesAPIResponse(GenerationResponse):
         life = self.life
         created = int(time.time())
         try:
-            text, finish_reason, _, cached = await self._collect()
+            text, finish_reason, _, cached, _ = await self._collect()
         except EngineError as err:
             await self._refuse_whole(err, send)
             return

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -135,46 +136,56 @@ class GenerationResponse(Response):
         life.finish_ok(out.finish_reason, self.engine_stream.timing, out.cached)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _collect(self) -> tuple[str, str | None, str | None, int]:
-        """A non-streamed generation read to its end: (text, finish reason, stop reason, cached prompt tokens),
-        each event recorded as it arrives. Raises the engine's EngineError."""
+    async def _collect(self) -> tuple[str, str | None, str | None, int, OutputEvent | None]:
+        """A non-streamed generation read to its end: (text, finish reason, stop reason, cached prompt tokens,
+        the event carrying the engine's whole answer or None), each event recorded as it arrives. Raises the
+        engine's EngineError."""
         life = self.life
         parts: list[str] = []
         finish_reason: str | None = None
         stop_reason: str | None = None
         cached = 0
+        whole: OutputEvent | None = None
         async for ev in self.engine_stream:
-            life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
+            if ev.whole_body is not None:
+                life.on_whole(ev.prompt_tokens, ev.output_tokens)
+                whole = ev
+            else:
+                life.on_event(time.monotonic(), ev.new_tokens, ev.prompt_tokens, ev.output_tokens)
             if ev.text:
                 parts.append(ev.text)
             if ev.finish_reason is not None:
                 finish_reason, stop_reason = ev.finish_reason.value, ev.stop_reason
             cached = ev.cached_tokens or cached
-        return "".join(parts), finish_reason, stop_reason, cached
+        return "".join(parts), finish_reason, stop_reason, cached, whole
 
     async def _whole(self, send: Send) -> None:
         life = self.life
         try:
-            text, finish_reason, stop_reason, cached = await self._collect()
+            text, finish_reason, stop_reason, cached, whole = await self._collect()
         except EngineError as err:
             await self._refuse_whole(err, send)
             return
-        body = full_response(
-            self.parsed.endpoint,
-            self._response_id(),
-            self.model,
-            int(time.time()),
-            text,
-            finish_reason,
-            stop_reason,
-            life.prompt_tokens,
-            life.output_tokens,
-            cached,
-        )
-        payload = json.dumps(body).encode()
+        if whole is not None and whole.whole_body is not None:
+            # The engine's own answer (a proxy's upstream body): sent as it came.
+            payload, content_type = whole.whole_body, whole.whole_content_type or "application/json"
+        else:
+            body = full_response(
+                self.parsed.endpoint,
+                self._response_id(),
+                self.model,
+                int(time.time()),
+                text,
+                finish_reason,
+                stop_reason,
+                life.prompt_tokens,
+                life.output_tokens,
+                cached,
+            )
+            payload, content_type = json.dumps(body).encode(), "application/json"
         self._finished_producing = True
         life.finish_ok(finish_reason, self.engine_stream.timing, cached)
-        await send_json(send, payload, life.request_id)
+        await send_json(send, payload, life.request_id, content_type)
 
     async def _refuse_whole(self, err: EngineError, send: Send) -> None:
         """An engine error before a non-streamed response started: counted, then its error response."""
@@ -228,7 +239,7 @@ class _Streamed:
         body = ev.wire_frames
         if body is not None:
             self.saw_wire = True
-            return body
+            return body or None  # empty: the engine holds this event's frames back for a later event
         if ev.new_tokens == 0 and not ev.text and ev.finish_reason is None and ev.role is None:
             return None  # a counts-only event (e.g. the proxy's final usage the client did not ask for)
         if ev.role is not None:
@@ -257,14 +268,53 @@ class _Streamed:
         return True
 
 
-async def send_json(send: Send, payload: bytes, request_id: str) -> None:
+async def admit_unless_client_leaves(
+    receive: Receive, admission: Awaitable[RequestStream], pending: Callable[[], None]
+) -> RequestStream | None:
+    """Await an engine's admission of a non-streamed request, or the client going away first (None; the
+    admission is cancelled). A proxy relaying a non-streamed answer admits only when the upstream has
+    answered, the whole generation later: the client may leave before, and the upstream must hear of it.
+    ``pending`` is called when the admission did not end in its first step (the request is then in flight
+    meanwhile); an engine that admits or refuses at once (the sim) never waits here."""
+    admit = asyncio.ensure_future(admission)
+    try:
+        await asyncio.sleep(0)  # the admission's first step runs before this resumes (the ready queue is FIFO)
+    except asyncio.CancelledError:
+        admit.cancel()
+        raise
+    if admit.done():
+        return admit.result()
+    pending()
+
+    async def left() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(left())
+    try:
+        await asyncio.wait((admit, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not admit.done():
+            admit.cancel()  # the client left, or this request was cancelled (shutdown)
+    if admit.done() and not admit.cancelled():
+        return admit.result()
+    try:
+        late = await admit  # admitted as it was being cancelled: nobody will read it
+    except (asyncio.CancelledError, EngineError):
+        return None
+    await late.aclose()
+    return None
+
+
+async def send_json(send: Send, payload: bytes, request_id: str, content_type: str = "application/json") -> None:
     """A whole 200 JSON response (a non-streamed generation) with the request id."""
     await send(
         {
             "type": "http.response.start",
             "status": 200,
             "headers": [
-                (b"content-type", b"application/json"),
+                (b"content-type", content_type.encode("latin-1")),
                 (b"content-length", str(len(payload)).encode()),
                 (b"x-request-id", request_id.encode()),
             ],

@@ -59,11 +59,15 @@ def test_engine_error_status_and_reason(err: EngineError, status: int, reason: s
 
 
 def test_engine_error_response_forwards_upstream_body_and_rounds_retry_after() -> None:
-    body = {"error": {"message": "upstream says no", "type": "X", "param": None, "code": 429}}
+    body = b'{"error":{"message":"upstream says no","type":"X","param":null,"code":429}}'
     r = engine_error_response(EngineError(ErrorKind.UPSTREAM, "m", status=429, body=body, retry_after_seconds=0.2))
     assert r.status_code == 429
-    assert json.loads(r.body) == body
-    assert r.headers["retry-after"] == "1"
+    assert r.body == body  # byte for byte: the upstream's separators, not json.dumps's
+    assert (r.headers["retry-after"], r.headers["content-type"]) == ("1", "application/json")
+    r = engine_error_response(
+        EngineError(ErrorKind.UPSTREAM, "m", status=400, body=body, content_type="application/problem+json")
+    )
+    assert (r.body, r.headers["content-type"]) == (body, "application/problem+json")
     r = engine_error_response(EngineError(ErrorKind.QUEUE_FULL, "full", param="p", retry_after_seconds=2.6))
     assert json.loads(r.body) == {"error": {"message": "full", "type": "RateLimitError", "param": "p", "code": 429}}
     assert r.headers["retry-after"] == "3"

@@ -192,9 +192,9 @@ def test_upstream_error_translation() -> None:
     from exporters.serving.engines.openai.errors import upstream_error
 
     body = b'{"error": {"message": "too long", "type": "BadRequestError", "param": "max_tokens", "code": 400}}'
-    err = upstream_error("http://u:1", 400, raw=body)
+    err = upstream_error("http://u:1", 400, raw=body, content_type="application/json")
     assert (err.kind, err.status, err.message, err.retry_after_seconds) == (ErrorKind.UPSTREAM, 400, "too long", None)
-    assert err.body == json.loads(body)
+    assert (err.body, err.content_type) == (body, "application/json")  # the upstream's bytes, not re-serialised
     err = upstream_error("http://u:1", 429, raw=b"slow down", retry_after="2.5")
     assert (err.status, err.message, err.body, err.retry_after_seconds) == (
         429,

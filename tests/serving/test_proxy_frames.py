@@ -89,11 +89,13 @@ def test_byte_level_chunk_reading_matches_json(client_streams: bool, options: di
     assert wires[:5] == [_frames(p) for p in PLAIN[:5]]  # forwarded byte for byte
     stripped = b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}]}'
     assert wires[5] == _frames(PLAIN[5] if keep else stripped)
-    assert wires[6] == _frames(OTHER[0])
-    assert wires[7] == _frames(OTHER[1])
-    assert len(wires) == (9 if keep else 8)  # the usage-only chunk only when asked for
     if keep:
-        assert wires[8] == _frames(OTHER[2])
+        assert wires[6:] == [_frames(OTHER[0]), _frames(OTHER[1]), _frames(OTHER[2])]
+    else:
+        # A client that asked for no usage: the finishing chunk waits for the usage chunk's fingerprint
+        # (test_the_finishing_chunk_gets_the_dropped_usage_chunks_fingerprint), and goes out, in order, with
+        # the next frame forwarded; the usage-only chunk is not sent.
+        assert wires[6:] == [b"", _frames(OTHER[0], OTHER[1])]
 
 
 def test_one_event_per_read_with_every_frame_and_partial_frames_kept() -> None:
@@ -298,3 +300,52 @@ def test_reads_matched_on_the_learned_chunk_count_as_the_byte_search_does(
     assert counts == [*((1, n) for n in range(1, 9)), (0, 8), (0, 8), (1, 9), (1, 10), (1, 11), (1, 12), (0, 12),
                       (1, 13), (2, 15), None, *((1, n) for n in range(16, 22)), (0, 21), None]  # fmt: skip
     assert learned[1] == (5, 21, True, True, "final_usage", 22)
+
+
+LAST = (
+    b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"z"},'
+    b'"finish_reason":"length"}]}'
+)
+LAST_USAGE = b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2},"system_fingerprint":"fp-\\"1"}'
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_finishing_chunk_gets_the_dropped_usage_chunks_fingerprint(split: bool) -> None:
+    """vLLM writes its system_fingerprint on a stream's last chunk: the usage chunk when usage was asked for,
+    else the finishing chunk, as its last field. The proxy always asks for usage; a client that did not gets
+    the finishing chunk as vLLM would have written it for that client: with the fingerprint's bytes last."""
+    reads = (
+        [_frames(LAST), _frames(LAST_USAGE) + b"data: [DONE]\n\n"]
+        if split
+        else [_frames(LAST, LAST_USAGE) + b"data: [DONE]\n\n"]
+    )
+    reader = _reader("chat", {}, True)
+    events = [reader.feed(r) for r in reads]
+    spliced = _frames(LAST[:-1] + b',"system_fingerprint":"fp-\\"1"}')
+    assert [e.wire_frames for e in events] == ([b"", spliced] if split else [spliced])
+    assert (events[0].new_tokens, events[0].finish_reason) == (1, FinishReason.LENGTH)
+    assert (reader.output_tokens, reader.ended) == (2, True)
+    asked = _reader("chat", {"include_usage": True}, True)  # a client that asked for usage: vLLM's bytes
+    assert [asked.feed(r).wire_frames for r in reads] == (
+        [_frames(LAST), _frames(LAST_USAGE)] if split else [_frames(LAST, LAST_USAGE)]
+    )
+
+
+def test_a_held_finishing_chunk_is_sent_as_it_came_without_a_fingerprint() -> None:
+    reader = _reader("chat", {}, True)
+    assert reader.feed(_frames(LAST)).wire_frames == b""
+    assert reader.take_held() == _frames(LAST)  # the stream ended without usage or [DONE]
+    assert reader.take_held() is None
+    reader = _reader("chat", {}, True)
+    no_fingerprint = b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}'
+    assert reader.feed(_frames(LAST, no_fingerprint) + b"data: [DONE]\n\n").wire_frames == _frames(LAST)
+
+
+def test_the_fingerprint_splice_reads_the_same_split_anywhere() -> None:
+    stream = _frames(ROLE, _chat_chunk("a"), _chat_chunk("b"), LAST, LAST_USAGE) + DONE
+    expected = _frames(ROLE, _chat_chunk("a"), _chat_chunk("b"), LAST[:-1] + b',"system_fingerprint":"fp-\\"1"}')
+    for reads in _splits(stream):
+        reader = _reader("chat", {}, True)
+        events = _feed(reader, reads)
+        assert b"".join(e.wire_frames or b"" for _, e in events) == expected
+        assert (sum(e.new_tokens for _, e in events), reader.output_tokens, reader.ended) == (3, 3, True)

@@ -55,6 +55,11 @@ class RecordingRelay:
         with self._lock:
             return [bytes(buffer) for buffer in self._received if buffer]
 
+    def bodies(self) -> list[bytes]:
+        """The response bodies recorded, one entry per connection that carried any (its responses' bodies
+        concatenated), with the HTTP/1.1 chunked framing taken off."""
+        return [_body(raw) for raw in self.received()]
+
     def sse_data_lines(self) -> list[bytes]:
         """The ``data:`` lines of every response recorded, connection by connection, with the HTTP/1.1
         chunked framing taken off."""

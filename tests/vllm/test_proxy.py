@@ -1,10 +1,12 @@
-"""``loadlens serve --engine openai --upstream-kind auto`` in front of a real vLLM. A stream through the
-proxy is compared with what vLLM sent for that very request (a recording relay sits between them); other
-answers with the same request sent to vLLM directly, greedy (temperature 0), so both are the same
-generation. What differs is listed with the reason, so a change on either side shows here."""
+"""``loadlens serve --engine openai --upstream-kind auto`` in front of a real vLLM. The client gets vLLM's
+bytes: a stream or a non-streamed answer through the proxy is compared with what vLLM sent for that very
+request (a recording relay sits between them), byte for byte; errors with the same request sent to vLLM
+directly, greedy (temperature 0), so both are the same generation. The one change the proxy makes (a usage
+chunk it asked for on a client's behalf) is asserted exactly, so a change on either side shows here."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -33,34 +35,6 @@ COMPLETION = {
 }
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 BODIES = {"chat": CHAT, "completions": COMPLETION}
-
-_VLLM_ONLY = {
-    "service_tier",
-    "system_fingerprint",
-    "kv_transfer_params",
-    "ec_transfer_params",
-    "metrics",
-    "choices[0].token_ids",
-    "choices[0].routed_experts",
-    "usage.prompt_tokens_details",
-    "usage.completion_tokens_details",
-}
-_CHAT_VLLM_ONLY = {"prompt_logprobs", "prompt_token_ids", "prompt_text"} | {
-    f"choices[0].message.{field}" for field in ("refusal", "annotations", "audio", "function_call", "reasoning")
-}
-NON_STREAMED_GAPS: dict[str, set[str]] = {
-    "chat": {f"only vLLM: {path}" for path in _VLLM_ONLY | _CHAT_VLLM_ONLY}
-    | {"only proxy: choices[0].message.tool_calls"},  # an empty list where vLLM writes none
-    "completions": {
-        f"only vLLM: {path}" for path in _VLLM_ONLY | {"choices[0].prompt_logprobs", "choices[0].prompt_token_ids"}
-    },
-}
-"""What a non-streamed answer through the proxy lacks of vLLM's. The proxy always streams from the upstream
-(exporters/serving/engines/openai/engine.py: exact token counts from the final usage chunk) and the HTTP layer
-builds the non-streamed body from the stream's events, in the OpenAI shape: vLLM's own additions (its
-fingerprint, prompt details, KV-transfer and per-token fields, mostly null here) are not carried. Issue 22,
-item 2 decides whether the proxy should pass vLLM's body through."""
-
 
 FINGERPRINT = rb',"system_fingerprint":"[^"]*"'
 
@@ -115,8 +89,9 @@ def test_auto_detects_vllm(vllm_proxy: Proxy) -> None:
 )
 def test_streams_are_vllms_bytes(vllm_proxy: Proxy, endpoint: str, options: dict[str, bool] | None) -> None:
     """The client's data lines are the very lines vLLM wrote for the forwarded request (recorded between the
-    proxy and vLLM), byte for byte and chunk for chunk, but for the usage chunk the proxy asked vLLM for
-    on behalf of a client that did not."""
+    proxy and vLLM), byte for byte and chunk for chunk, but for the usage chunk the proxy asked vLLM for on
+    behalf of a client that did not: that client gets the finishing chunk with the usage chunk's
+    system_fingerprint last, where vLLM writes it when no usage was asked for."""
     body: dict[str, Any] = {**BODIES[endpoint], "stream": True}
     if options is not None:
         body["stream_options"] = options
@@ -128,27 +103,48 @@ def test_streams_are_vllms_bytes(vllm_proxy: Proxy, endpoint: str, options: dict
     assert done == b"data: [DONE]"
     assert b'"choices":[],"usage":{' in usage
     assert b'"completion_tokens":12}' in usage
-    assert lines == (upstream if options else [*generated, done])
-
-
-def test_a_client_that_asks_for_no_usage_misses_vllms_fingerprint(vllm_proxy: Proxy) -> None:
-    """vLLM writes its system_fingerprint on a stream's last chunk: the usage chunk when the client asked for
-    usage, else the finishing chunk. The proxy always asks vLLM for usage (exact token totals) and drops that
-    chunk for a client that did not ask, so such a client never sees the fingerprint (issue 22, item 2)."""
-    body: dict[str, Any] = {**CHAT, "stream": True}
-    direct = stream(vllm_proxy.upstream.url, "chat", body)[1]
-    proxied = stream(vllm_proxy.url, "chat", body)[1]
-    assert [bool(re.search(FINGERPRINT, line)) for line in direct[-2:]] == [True, False]
-    assert [line for line in proxied if re.search(FINGERPRINT, line)] == []
+    if options:
+        assert lines == upstream
+    else:
+        fingerprint = re.search(FINGERPRINT, usage)
+        assert fingerprint is not None and re.search(FINGERPRINT, generated[-1]) is None
+        assert lines == [*generated[:-1], generated[-1][:-1] + fingerprint.group(0) + b"}", done]
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_non_streamed_answers_match_vllms_but_for_its_additions(vllm_proxy: Proxy, endpoint: str) -> None:
+def test_a_client_that_asks_for_no_usage_gets_vllms_fingerprint_where_vllm_puts_it(
+    vllm_proxy: Proxy, endpoint: str
+) -> None:
+    """vLLM writes its system_fingerprint on a stream's last chunk: the usage chunk when the client asked for
+    usage, else the finishing chunk. Through the proxy (which always asks vLLM for usage) a client that asked
+    for none gets the finishing chunk with the same fields in the same order as from vLLM directly."""
+    body: dict[str, Any] = {**BODIES[endpoint], "stream": True}
+    direct = stream(vllm_proxy.upstream.url, endpoint, body)[1]
+    proxied = stream(vllm_proxy.url, endpoint, body)[1]
+    assert [bool(re.search(FINGERPRINT, line)) for line in direct[-2:]] == [True, False]
+    assert [bool(re.search(FINGERPRINT, line)) for line in proxied[-2:]] == [True, False]
+    mine, theirs = json.loads(proxied[-2][6:]), json.loads(direct[-2][6:])
+    assert list(mine) == list(theirs)
+    assert (mine["system_fingerprint"], mine["choices"][0]["finish_reason"]) == (
+        theirs["system_fingerprint"],
+        theirs["choices"][0]["finish_reason"],
+    )
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_non_streamed_answers_are_vllms_bytes(vllm_proxy: Proxy, endpoint: str) -> None:
+    """A non-streamed request goes on to vLLM as it came and its answer comes back whole: the client's body is
+    the very body vLLM sent for the forwarded request (recorded between them), with vLLM's content type; the
+    same request sent directly gets the same answer but for its own id and creation time."""
     direct = post(vllm_proxy.upstream.url, PATHS[endpoint], BODIES[endpoint])
+    vllm_proxy.relay.clear()
     proxied = post(vllm_proxy.url, PATHS[endpoint], BODIES[endpoint])
     assert direct.status_code == proxied.status_code == 200
+    assert vllm_proxy.relay.bodies() == [proxied.content]
+    assert proxied.headers["content-type"] == direct.headers["content-type"] == "application/json"
     assert direct.json()["usage"]["completion_tokens"] == 12
-    assert differences(direct.json(), proxied.json()) == NON_STREAMED_GAPS[endpoint]
+    assert differences(direct.json(), proxied.json()) == set()
+    assert b'"system_fingerprint":"' in proxied.content
 
 
 TOO_LONG = {**COMPLETION, "prompt": "ab " * 1100}
@@ -161,27 +157,32 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
-def test_upstream_errors_are_forwarded_with_vllms_status_and_body(vllm_proxy: Proxy, case: str) -> None:
+def test_upstream_errors_are_vllms_status_and_bytes(vllm_proxy: Proxy, case: str) -> None:
     endpoint, body = ERRORS[case]
     direct = post(vllm_proxy.upstream.url, PATHS[endpoint], body)
     proxied = post(vllm_proxy.url, PATHS[endpoint], body)
     assert direct.status_code in (400, 404)
-    assert (proxied.status_code, proxied.json()) == (direct.status_code, direct.json())
+    assert (proxied.status_code, proxied.headers["content-type"], proxied.content) == (
+        direct.status_code,
+        direct.headers["content-type"],
+        direct.content,
+    )
 
 
-def test_a_bad_parameter_is_refused_by_the_proxy_with_vllms_status_type_and_param(vllm_proxy: Proxy) -> None:
-    """The HTTP layer validates a request before any engine sees it (docs/serving.md, *Request validation*),
-    so the message is its own; status, type and the parameter named are vLLM's."""
-    body = {**COMPLETION, "temperature": -1}
-    direct = post(vllm_proxy.upstream.url, PATHS["completions"], body).json()["error"]
-    proxied = post(vllm_proxy.url, PATHS["completions"], body).json()["error"]
-    assert direct == {
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bad_parameter_gets_vllms_own_refusal(vllm_proxy: Proxy, stream: bool) -> None:
+    """The proxy leaves value checks to the upstream (``Engine.forwards_upstream_errors``; docs/serving.md,
+    *Request validation*): vLLM's status and bytes, its own message."""
+    body = {**COMPLETION, "temperature": -1, "stream": stream}
+    direct = post(vllm_proxy.upstream.url, PATHS["completions"], body)
+    proxied = post(vllm_proxy.url, PATHS["completions"], body)
+    assert direct.json()["error"] == {
         "message": "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)",
         "type": "BadRequestError",
         "param": "temperature",
         "code": 400,
     }
-    assert proxied == {**direct, "message": "temperature: Input should be greater than or equal to 0"}
+    assert (proxied.status_code, proxied.content) == (direct.status_code, direct.content)
 
 
 def test_lora_adapters_load_and_serve_through_the_proxy(vllm_proxy: Proxy) -> None:

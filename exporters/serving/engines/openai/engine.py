@@ -10,14 +10,15 @@ llama.cpp server, text-generation-inference, another loadlens).
   is turned into its event inside the socket callback and handed to the HTTP layer there
   (``RequestStream.deliver_to``), which writes it to the client without waking a task. Model lists, health and
   adapter calls use aiohttp.
-- Non-streaming client requests are streamed from the upstream too, so the proxy measures time to first token
-  for them as well; the HTTP layer assembles the JSON body.
+- A non-streaming client's request is sent on as it came, non-streamed, and the upstream's answer relayed
+  whole, byte for byte (``whole.py``): the client gets the upstream's own body. Its token counts and finish
+  reason are read from that body; it has no time to first token (the tokens arrive at once).
 - The upstream's kind (``--upstream-kind``, detected with ``auto``; ``upstream_kinds.py``) decides which
   adapter endpoints it has (or that it has none: 501) and where its context length comes from.
-- Upstream errors keep their status and body. The proxy answers for itself only when the upstream could not be
-  used: 503 unreachable, 502 closed without answering / broken stream, 504 no answer in time, each counted by
-  reason (``errors.py``, ``metrics.py``); a try that provably never reached the upstream (a stale keep-alive
-  connection) is sent again.
+- Upstream errors keep their status and body, byte for byte. The proxy answers for itself only when the
+  upstream could not be used: 503 unreachable, 502 closed without answering / broken stream, 504 no answer in
+  time, each counted by reason (``errors.py``, ``metrics.py``); a try that provably never reached the upstream
+  (a stale keep-alive connection) is sent again.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from exporters.serving.engine import (
     LoRARequest,
     ModelCard,
     RequestStream,
+    RequestTiming,
 )
 from exporters.serving.engines.openai import upstream_http, upstream_kinds
 from exporters.serving.engines.openai.errors import (
@@ -57,6 +59,7 @@ from exporters.serving.engines.openai.metrics import ProxyMetrics
 from exporters.serving.engines.openai.stream import ProxyStream
 from exporters.serving.engines.openai.swap_windows import SwapWindows
 from exporters.serving.engines.openai.upstream_pool import ConnectionPool
+from exporters.serving.engines.openai.whole import WholeAnswer, whole_event
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _log = logging.getLogger("loadlens.serve")
@@ -255,6 +258,8 @@ class OpenAIProxyEngine(Engine):
                 raise send_failure(self.upstream, reason, err) from err
 
     async def generate(self, request: GenerationRequest) -> RequestStream:
+        if not request.stream_requested:
+            return await self._generate_whole(request)
         body = dict(request.body)
         body["stream"] = True
         options = dict(body.get("stream_options") or {})
@@ -268,14 +273,7 @@ class OpenAIProxyEngine(Engine):
             _PATHS[request.endpoint], json.dumps(body).encode(), self._headers(request.trace_headers)
         )
         if response.status != 200:
-            try:
-                raw = await response.read()
-            except UNREACHABLE:
-                raw = b""  # the status arrived, its body did not: still the upstream's answer, not ours to 500
-            response.release()
-            raise upstream_error(
-                self.upstream, response.status, raw=raw, retry_after=response.headers.get("retry-after")
-            )
+            raise await self._refusal(response)
         stream = ProxyStream(
             response,
             request,
@@ -289,6 +287,48 @@ class OpenAIProxyEngine(Engine):
         stream.timing.queued = time.monotonic()
         response.consume(stream.on_data, stream.on_end)
         return stream
+
+    async def _generate_whole(self, request: GenerationRequest) -> RequestStream:
+        """A client that does not stream: its request goes on as it came (non-streamed) and the upstream's
+        answer comes back whole, its bytes relayed unchanged (``whole.py``). The upstream answers only when
+        it has finished, so this returns then; cancelled before (the client went away), the connection is
+        closed, which the upstream takes as the client leaving (vLLM aborts the request)."""
+        timing = RequestTiming()
+        response = await self._open_stream(
+            _PATHS[request.endpoint], json.dumps(request.body).encode(), self._headers(request.trace_headers)
+        )
+        if response.status != 200:
+            raise await self._refusal(response)
+        try:
+            raw = await response.read()
+        except UNREACHABLE as err:
+            response.close()
+            self.metrics.failure("stream_broken")
+            raise upstream_error(self.upstream, f"upstream answer broke: {err}") from err
+        except BaseException:
+            response.close()
+            raise
+        response.release()
+        timing.finished = time.monotonic()
+        event, counted = whole_event(raw, response.headers.get("content-type"))
+        if counted:
+            self.metrics.token_source("usage")
+        return WholeAnswer(request.request_id, event, timing)
+
+    async def _refusal(self, response: upstream_http.Response) -> EngineError:
+        """The upstream's non-200 answer to a generation request, its body read and forwarded as it came."""
+        try:
+            raw = await response.read()
+        except UNREACHABLE:
+            raw = b""  # the status arrived, its body did not: still the upstream's answer, not ours to 500
+        response.release()
+        return upstream_error(
+            self.upstream,
+            response.status,
+            raw=raw,
+            retry_after=response.headers.get("retry-after"),
+            content_type=response.headers.get("content-type"),
+        )
 
     async def abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
@@ -404,7 +444,9 @@ class OpenAIProxyEngine(Engine):
         finally:
             response.release()
         if response.status != 200:
-            raise upstream_error(self.upstream, response.status, raw=raw)
+            raise upstream_error(
+                self.upstream, response.status, raw=raw, content_type=response.headers.get("Content-Type")
+            )
 
     async def load_adapter(self, lora: LoRARequest) -> None:
         dialect = await self._dialect()

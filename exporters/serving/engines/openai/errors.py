@@ -33,12 +33,18 @@ def json_object(raw: bytes) -> Mapping[str, Any] | None:
 
 
 def upstream_error(
-    upstream: str, failure: int | BaseException | str, *, raw: bytes = b"", retry_after: str | None = None
+    upstream: str,
+    failure: int | BaseException | str,
+    *,
+    raw: bytes = b"",
+    retry_after: str | None = None,
+    content_type: str | None = None,
 ) -> EngineError:
     """The one translation of an upstream failure into an EngineError, by what ``failure`` is:
 
-    - an ``int``: the upstream answered with this non-200 status. Kept, with the upstream's message and its
-      JSON body (``raw``) forwarded as they are, and ``Retry-After`` when given.
+    - an ``int``: the upstream answered with this non-200 status. Kept, with the upstream's message; a body
+      (``raw``) that is a JSON object is forwarded byte for byte with its ``content_type``, any other body is
+      wrapped in an OpenAI error naming it; ``Retry-After`` when given.
     - an exception: the request never got an answer (connection refused, DNS, timeout): 503.
     - a ``str``: an accepted stream went wrong (broken, cut short, bad JSON, an error event), described by
       the string: 502, since a gateway is what failed the client.
@@ -49,7 +55,8 @@ def upstream_error(
             ErrorKind.UPSTREAM,
             _error_message(parsed, failure, raw),
             status=failure,
-            body=parsed,
+            body=raw if parsed is not None else None,
+            content_type=content_type,
             retry_after_seconds=float(retry_after)
             if retry_after and retry_after.replace(".", "", 1).isdigit()
             else None,

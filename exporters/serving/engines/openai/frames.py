@@ -22,6 +22,7 @@ from exporters.serving.engines.openai.errors import upstream_error
 from loadlens.util import sse
 
 _FINISH = {r.value: r for r in FinishReason}
+_FINGERPRINT = re.compile(rb'"system_fingerprint":("(?:[^"\\]|\\.)*")')
 _PLAIN_STRING = re.compile(rb'(?!"error"\Z)"[^"\\\n]+"')
 """A non-empty JSON string with no quote, escape or line break inside (nor ``"error"``, which ``_fast``
 leaves to the JSON path)."""
@@ -85,6 +86,12 @@ class FrameReader:
         self._texts: list[str] = []
         self._finish: FinishReason | None = None
         self._stop_reason: str | None = None
+        # A client that asked for no usage gets the finishing chunk with the system_fingerprint of the usage
+        # chunk the proxy asked for and drops (where the upstream would have put it): the finishing frame waits
+        # for it (``_feed_frames``), at most until [DONE] or the end (``take_held``).
+        self._hold = client_streams and not keep_final_usage
+        self._held: bytes | None = None
+        self._fingerprint: bytes | None = None
 
     @classmethod
     def for_request(cls, request: GenerationRequest, upstream: str) -> FrameReader:
@@ -102,7 +109,7 @@ class FrameReader:
         """The event for one read: every complete frame in it (a partial one waits for the next read); None
         when the read completed no frame that changes a count or is forwarded. Raises EngineError for
         invalid JSON or an error event in the stream."""
-        if self._client_streams and not self._buf:
+        if self._client_streams and not self._buf and self._held is None:
             # The common read: one plain content chunk for a streaming client, forwarded as it came.
             head = self._head
             if (
@@ -143,6 +150,12 @@ class FrameReader:
         self._head, self._tail = data[:start], data[end:]
         self._head_len, self._tail_len = start, len(data) - end
 
+    def take_held(self) -> bytes | None:
+        """The finishing frame still held for a fingerprint when the stream ended without [DONE] (then sent as
+        it came), None when nothing is held."""
+        held, self._held = self._held, None
+        return None if held is None else held + b"\n\n"
+
     def _feed_frames(self, data: bytes) -> OutputEvent | None:
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:  # CRLF line ends (allowed by SSE); JSON strings never hold a raw CR
@@ -158,6 +171,7 @@ class FrameReader:
         self._tokens = 0
         self._finish = None
         self._stop_reason = None
+        held_now = False
         prompt_before, output_before = self.prompt_tokens, self.output_tokens
         pieces: list[bytes] = []
         verbatim = True
@@ -174,20 +188,40 @@ class FrameReader:
             if payload == b"[DONE]":
                 verbatim = False
                 self.ended = True
+                if self._held is not None:
+                    pieces.append(self._held)
+                    self._held = None
                 break  # the HTTP layer writes its own [DONE]
+            finished_before = self.finished or self._finish is not None
             kept: bool | bytes | None = self._fast(payload)
             if kept is None:
                 kept = self._slow(payload)
-            if kept is True:
-                pieces.append(frame)
-            elif kept is False:
+            piece = frame if kept is True else None if kept is False else b"data: " + kept
+            if kept is not True:
                 verbatim = False
-            else:
-                verbatim = False
-                pieces.append(b"data: " + kept)
+            if (
+                piece is not None
+                and self._hold
+                and not finished_before
+                and self._finish is not None
+                and b'"system_fingerprint"' not in piece
+            ):
+                self._held, piece, verbatim, held_now = piece, None, False, True
+            elif self._held is not None and kept is False and self._fingerprint is not None:
+                # The dropped usage chunk's fingerprint goes on the held finishing chunk, last, where vLLM
+                # writes it when no usage was asked for (its stream responses' last field set).
+                piece = self._held[:-1] + b',"system_fingerprint":' + self._fingerprint + b"}"
+                self._held = None
+            if piece is not None:
+                if self._held is not None:  # a frame after the held one (n > 1): in the upstream's order
+                    pieces.append(self._held)
+                    self._held, verbatim = None, False
+                pieces.append(piece)
         wire: bytes | None = None
         if self._client_streams and pieces:
             wire = complete if verbatim else b"\n\n".join(pieces) + b"\n\n"
+        elif held_now:
+            wire = b""  # the finishing chunk comes with the next frames: nothing to write now
         tokens, finish = self._tokens, self._finish
         if (
             wire is None
@@ -326,6 +360,9 @@ class FrameReader:
                 self.output_tokens = max(self.output_tokens, completion)
                 if self.source is None:
                     self.source = "final_usage"
+            if self._held is not None:
+                found = _FINGERPRINT.search(payload)
+                self._fingerprint = found.group(1) if found is not None else None
             return self._keep_final_usage
         if self._chat:
             delta = choice.get("delta") or {}

@@ -163,6 +163,10 @@ class ProxyStream(RequestStream):
                 raise StopAsyncIteration
             if self._eof:
                 if self._frames.finished:  # finished, then ended without [DONE]: nothing is missing
+                    held = self._frames.take_held()
+                    if held is not None:  # the finishing chunk, waiting for a fingerprint that never came
+                        frames = self._frames
+                        return OutputEvent("", 0, frames.prompt_tokens, frames.output_tokens, wire_frames=held)
                     await self.aclose()
                     raise StopAsyncIteration
                 cause = self._eof_error
