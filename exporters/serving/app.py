@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from exporters.serving.adapters import AdapterRegistry, resolve_adapter_path
 from exporters.serving.direct_body import SERVER_SEND
+from exporters.serving.direct_routes import DirectRoutes
 from exporters.serving.engine import (
     Endpoint,
     Engine,
@@ -70,34 +71,47 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 """Image data URLs make bodies large; beyond this a request is refused with 413 before parsing."""
 
 
+def guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    """A route handler that answers an unexpected exception with a logged OpenAI 500 itself, so Starlette's
+    error middleware never prints a bare traceback (generation requests also count it, in ``_generate``)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (StarletteHTTPException, RequestValidationError):
+            raise
+        except Exception as exc:
+            ids = parse_traceparent(request.headers.get("traceparent"))
+            return internal_error_response(
+                exc, ids[0] if ids else new_trace_id(), f"{request.method} {request.url.path}"
+            )
+
+    return guarded
+
+
 class _Route(APIRoute):
-    """Every route answers an unexpected exception with a logged OpenAI 500 itself, so Starlette's error
-    middleware never prints a bare traceback (generation requests also count it, in ``_generate``)."""
+    """Every route's handler is guarded (:func:`guard`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def guarded(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except (StarletteHTTPException, RequestValidationError):
-                raise
-            except Exception as exc:
-                ids = parse_traceparent(request.headers.get("traceparent"))
-                return internal_error_response(
-                    exc, ids[0] if ids else new_trace_id(), f"{request.method} {request.url.path}"
-                )
-
-        return guarded
+        return guard(super().get_route_handler())
 
 
 class _ServingApp(FastAPI):
     """Keeps the server's own ``send`` in each HTTP scope, before middleware wraps it: streamed chunks from
-    a socket-reading engine are written below the middleware (exporters/serving/direct_body.py says when)."""
+    a socket-reading engine are written below the middleware (exporters/serving/direct_body.py says when).
+    Generation requests are served from here, below the FastAPI stack, with its effects
+    (exporters/serving/direct_routes.py)."""
+
+    direct: DirectRoutes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             scope[SERVER_SEND] = send
+            direct = self.direct
+            route = direct.route_for(scope) if direct is not None else None
+            if route is not None:
+                await direct.serve(route, scope, receive, send)  # type: ignore[union-attr]
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -162,6 +176,10 @@ async def _read_json(request: Request) -> dict[str, Any]:
     if len(raw) > MAX_BODY_BYTES:
         raise _TooLarge()
     return parse_json_body(raw)
+
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class _TooLarge(Exception):
@@ -322,7 +340,7 @@ def create_app(
     app = _ServingApp(title="loadlens serve", version=__version__, lifespan=lifespan)
     app.state.serving = state
     app.router.route_class = _Route
-    install_http_metrics(app, state.registry)  # vLLM's API-server http_* series, every engine
+    http_metrics = install_http_metrics(app, state.registry)  # vLLM's API-server http_* series, every engine
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -346,13 +364,16 @@ def create_app(
         ids = parse_traceparent(request.headers.get("traceparent"))
         return internal_error_response(exc, ids[0] if ids else new_trace_id(), f"{request.method} {request.url.path}")
 
-    @app.post("/v1/chat/completions", **ROUTE_DOCS["POST /v1/chat/completions"])
+    @app.post(CHAT_PATH, **ROUTE_DOCS[f"POST {CHAT_PATH}"])
     async def chat(request: Request) -> Response:
         return await _generate(state, request, "chat")
 
-    @app.post("/v1/completions", **ROUTE_DOCS["POST /v1/completions"])
+    @app.post(COMPLETIONS_PATH, **ROUTE_DOCS[f"POST {COMPLETIONS_PATH}"])
     async def completions(request: Request) -> Response:
         return await _generate(state, request, "completions")
+
+    # The same two functions, guarded as every route is, also served below the FastAPI stack.
+    app.direct = DirectRoutes(app, http_metrics, {CHAT_PATH: guard(chat), COMPLETIONS_PATH: guard(completions)})
 
     @app.post("/v1/responses", **ROUTE_DOCS["POST /v1/responses"])
     async def responses(request: Request) -> Response:

@@ -111,7 +111,13 @@ def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
     return None
 
 
-def _content_length(headers: Sequence[tuple[bytes, bytes]]) -> int:
+def excluded(template: str, patterns: Sequence[str] = EXCLUDED_HANDLERS) -> bool:
+    """Whether vLLM's exclusions (regular expressions searched in the template) keep a route unobserved."""
+    return any(re.search(p, template) for p in patterns)
+
+
+def content_length(headers: Sequence[tuple[bytes, bytes]]) -> int:
+    """The ``Content-Length`` of ASGI headers as the instrumentator reads it: 0 when absent or not a number."""
     for name, value in headers:
         if name.lower() == b"content-length":
             return int(value) if value.isdigit() else 0
@@ -145,7 +151,7 @@ class HttpMetricsMiddleware:
             nonlocal status, response_bytes
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                response_bytes = _content_length(message.get("headers", ()))
+                response_bytes = content_length(message.get("headers", ()))
             await send(message)
 
         try:
@@ -156,7 +162,7 @@ class HttpMetricsMiddleware:
                 status,
                 handler,
                 max(time.perf_counter() - start, 0.0),
-                _content_length(scope.get("headers", ())),
+                content_length(scope.get("headers", ())),
                 response_bytes,
             )
 
