@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import statistics
 import sys
 import time
@@ -141,7 +140,7 @@ async def _pipeline(pool: _Pool, metrics: ServingMetrics) -> _Pipeline:
     stream = ProxyStream(response, _request(), "http://upstream")
     response.consume(stream.on_data, stream.on_end)
     out = _Streamed(_life(metrics), ChunkWriter("completions", "cmpl-r", MODEL, 0, False), sent_role=True)
-    stream.deliver_to(functools.partial(out.deliver, DirectBody(_Cycle())))
+    out.attach(stream, DirectBody(_Cycle()))
     consumer = asyncio.ensure_future(stream.__anext__())  # waits with nothing queued: events go to the sink
     await asyncio.sleep(0)
     return _Pipeline(conn, stream, consumer)

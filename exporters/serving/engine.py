@@ -165,6 +165,10 @@ class OutputEvent:
     whole_content_type: str | None = None
 
 
+PlainSink = Callable[[bytes, int, int], bool]
+"""``RequestStream.deliver_to``'s ``plain``: (frames, prompt tokens, output tokens) -> taken."""
+
+
 class RequestStream(abc.ABC):
     """The output of one admitted request. Iterate it; ``aclose`` aborts the request if unfinished.
 
@@ -186,12 +190,17 @@ class RequestStream(abc.ABC):
     async def aclose(self) -> None:
         """Abort the request in the engine if it has not finished; idempotent."""
 
-    def deliver_to(self, sink: Callable[[OutputEvent], bool]) -> bool:
+    def deliver_to(self, sink: Callable[[OutputEvent], bool], plain: PlainSink | None = None) -> bool:
         """Offer events to ``sink`` as they are made, from the engine's own callback (a socket read, a step)
         while the consumer waits in ``__anext__`` with nothing queued: saves a task wake-up per event. An event
         ``sink`` returns False for, or one made while the consumer is busy, is queued for ``__anext__``
         instead, in order; errors and the end always come from ``__anext__``. Returns whether this stream
-        delivers so (the default: it does not, and ``sink`` is never called)."""
+        delivers so (the default: it does not, and ``sink`` is never called).
+
+        ``plain``: a stream of forwarded frames may offer, instead of ``sink(event)``, the most common event
+        without making it: one token as one forwarded frame (``OutputEvent("", 1, prompt_tokens,
+        output_tokens, wire_frames=frames)``) as ``plain(frames, prompt_tokens, output_tokens)``, which
+        must do exactly what ``sink`` does with that event. Streams that never do may ignore it."""
         return False
 
 

@@ -115,7 +115,7 @@ class GenerationResponse(Response):
         if direct is not None:
             # Engines that read from a socket hand events over from their read callback: recorded and
             # written there, with no task wake-up (direct_body.py says why writing there is safe).
-            self.engine_stream.deliver_to(functools.partial(out.deliver, direct))
+            out.attach(self.engine_stream, direct)
         try:
             async for ev in self.engine_stream:
                 body = out.take(ev)
@@ -257,6 +257,10 @@ class _Streamed:
             self.sent_role = True
         return body
 
+    def attach(self, stream: RequestStream, direct: DirectBody) -> None:
+        """Have ``stream`` hand its events to :meth:`deliver` and :meth:`deliver_plain`, written by ``direct``."""
+        stream.deliver_to(functools.partial(self.deliver, direct), functools.partial(self.deliver_plain, direct))
+
     def deliver(self, direct: DirectBody, ev: OutputEvent) -> bool:
         """The sink for ``RequestStream.deliver_to``: take the event and write its body now, if uvicorn would
         (else False: the event goes the ASGI way, from the loop)."""
@@ -265,6 +269,17 @@ class _Streamed:
         body = self.take(ev)
         if body is not None:
             direct.write(body)
+        return True
+
+    def deliver_plain(self, direct: DirectBody, frames: bytes, prompt_tokens: int, output_tokens: int) -> bool:
+        """The ``plain`` sink for ``RequestStream.deliver_to``: :meth:`deliver` of ``OutputEvent("", 1,
+        prompt_tokens, output_tokens, wire_frames=frames)``, without the event (what :meth:`take` does with
+        it: record one token, no finish, no cached count; the frames are the body)."""
+        if not direct.writable():
+            return False
+        self.life.on_event(time.monotonic(), 1, prompt_tokens, output_tokens)
+        self.saw_wire = True
+        direct.write(frames)
         return True
 
 

@@ -81,13 +81,18 @@ def _response(r: httpx.Response) -> tuple[int, list[tuple[bytes, bytes]], bytes]
     return r.status_code, headers, _normalised(r.content)
 
 
+_TIMED = ("loadlens_sla_breaches", "loadlens_goodput_requests", "loadlens_proxy_upstream_retries", "process_")
+"""Series that follow the clock, not the request: the SLA verdict (how long it took), a retry on an upstream
+connection gone stale while idle, the process's own."""
+
+
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample but the clock's: times (buckets and sums of ``*_seconds``), creation stamps, the process."""
+    """Every sample but the clock's: times (buckets and sums of ``*_seconds``), creation stamps, ``_TIMED``."""
     out = {}
     for metric in registry.collect():
         for s in metric.samples:
             timed = "seconds" in s.name and not s.name.endswith("_count")
-            if timed or s.name.endswith("_created") or s.name.startswith("process_"):
+            if timed or s.name.endswith("_created") or s.name.startswith(_TIMED):
                 continue
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out

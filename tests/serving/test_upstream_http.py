@@ -457,6 +457,67 @@ def test_the_stream_hands_events_to_the_sink_only_while_its_consumer_waits() -> 
     asyncio.run(run())
 
 
+def test_a_plain_sink_gets_what_the_sink_would_and_a_refused_plain_read_queues_its_event() -> None:
+    """``deliver_to(sink, plain)``: plain content reads go to ``plain`` as (frames, prompt, output) without
+    their event, every other read to ``sink``; what the two receive, and what is queued when they refuse, is
+    what ``sink`` alone receives and queues. The marks and the first token's time are stamped either way."""
+
+    plain_calls: list[bytes] = []
+
+    def run(with_plain: bool) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]], int, bool]:
+        async def go() -> tuple[list[tuple[object, ...]], list[tuple[object, ...]], int, bool]:
+            request = GenerationRequest(
+                request_id="r", endpoint="completions", model="m", prompt="p", image_count=0,
+                sampling=SamplingParams(max_tokens=8), arrival_time=0.0, body={}, stream_requested=True,
+            )  # fmt: skip
+            stream = ProxyStream(_FakeResponse(), request, "http://u:1")  # type: ignore[arg-type]
+            got: list[tuple[object, ...]] = []
+            accept = [True]
+
+            def fields(e: OutputEvent) -> tuple[object, ...]:
+                return (e.text, e.new_tokens, e.prompt_tokens, e.output_tokens, e.finish_reason, e.wire_frames)
+
+            def sink(event: OutputEvent) -> bool:
+                if accept[0]:
+                    got.append(("sink", *fields(event)))
+                return accept[0]
+
+            def plain(frames: bytes, prompt: int, output: int) -> bool:
+                plain_calls.append(frames)
+                if accept[0]:
+                    got.append(("sink", "", 1, prompt, output, None, frames))
+                return accept[0]
+
+            stream.deliver_to(sink, plain if with_plain else None)
+            queued: list[tuple[object, ...]] = []
+            consumer = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0)
+            for text in ("a", "b", "c"):  # the first is learned, the next two match it
+                stream.on_data(_content(text))
+            accept[0] = False
+            stream.on_data(_content("d"))  # refused: queued, the consumer woken
+            queued.append(fields(await consumer))
+            accept[0] = True
+            consumer = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0)
+            stream.on_data(_content("e"))
+            stream.on_data(b'data: {"choices":[{"index":0,"text":"f","finish_reason":"length"}]}\n\n')
+            stream.on_data(b"data: [DONE]\n\n")
+            with pytest.raises(StopAsyncIteration):
+                await consumer
+            return got, queued, len(stream._marks), stream.timing.first_token is not None
+
+        return asyncio.run(go())
+
+    with_plain, without = run(True), run(False)
+    assert with_plain == without
+    assert plain_calls == [_content(t) for t in "bcde"]  # the learned chunk again: b, c, d (refused), e
+    got, queued, marks, first_token = with_plain
+    assert [g[3:5] for g in got] == [(0, 1), (0, 2), (0, 3), (0, 5), (0, 6)]
+    assert queued == [("", 1, 0, 4, None, _content("d"))]
+    assert (marks, first_token) == (1 + 6, True)  # admission, then each read carrying tokens
+
+
 def test_a_bug_in_reading_a_chunk_reaches_the_consumer_not_the_socket_callback() -> None:
     async def run() -> None:
         request = GenerationRequest(

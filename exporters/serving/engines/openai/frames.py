@@ -111,18 +111,7 @@ class FrameReader:
         invalid JSON or an error event in the stream."""
         if self._client_streams and not self._buf and self._held is None:
             # The common read: one plain content chunk for a streaming client, forwarded as it came.
-            head = self._head
-            if (
-                head is not None
-                and data.startswith(head)
-                and data.endswith(self._tail)
-                and _PLAIN_STRING.fullmatch(data, self._head_len, len(data) - self._tail_len) is not None
-            ):
-                # The learned chunk's bytes around one other string without quotes, escapes or line breaks
-                # inside: every search of _fast finds what it found in the learned chunk (no key it looks
-                # for can start or end inside such a string), so it would count this one token the same.
-                self.output_tokens += 1
-                self._content_chunks += 1
+            if self.plain(data):
                 return OutputEvent("", 1, self.prompt_tokens, self.output_tokens, wire_frames=data)
             if data.startswith(b"data: {") and data.endswith(b"}\n\n") and data.find(b"\n", 7) == len(data) - 2:
                 before = self.output_tokens
@@ -133,6 +122,28 @@ class FrameReader:
                     return OutputEvent("", tokens, self.prompt_tokens, self.output_tokens, wire_frames=data)
                 self._tokens = 0  # the JSON path reads it again from the start
         return self._feed_frames(data)
+
+    def plain(self, data: bytes) -> bool:
+        """Read ``data`` if it is the learned plain content chunk again with other text (``_learn``), for a
+        streaming client with nothing buffered: counted (one token) and True, and its event is
+        ``OutputEvent("", 1, prompt_tokens, output_tokens, wire_frames=data)``, which :meth:`feed` returns
+        for it; else False and nothing read (then :meth:`feed` reads it)."""
+        head = self._head
+        if (
+            head is not None
+            and self._client_streams
+            and not self._buf
+            and data.startswith(head)
+            and data.endswith(self._tail)
+            and _PLAIN_STRING.fullmatch(data, self._head_len, len(data) - self._tail_len) is not None
+        ):
+            # The learned chunk's bytes around one other string without quotes, escapes or line breaks inside:
+            # every search of _fast finds what it found in the learned chunk (no key it looks for can start or
+            # end inside such a string), so it would count this one token the same.
+            self.output_tokens += 1
+            self._content_chunks += 1
+            return True
+        return False
 
     def _learn(self, data: bytes) -> None:
         """Keep the bytes around the text value of ``data``, one plain content chunk that ``_fast`` counted

@@ -20,6 +20,7 @@ from exporters.serving.engine import (
     ErrorKind,
     GenerationRequest,
     OutputEvent,
+    PlainSink,
     RequestStream,
     RequestTiming,
 )
@@ -58,6 +59,7 @@ class ProxyStream(RequestStream):
         self._backlog = 0
         self._waiter: asyncio.Future[None] | None = None
         self._sink: Callable[[OutputEvent], bool] | None = None
+        self._plain: PlainSink | None = None  # the sink for a plain content read, without its event
         self._broken: tuple[str | None, BaseException] | None = None
         self._eof = False
         self._eof_error: BaseException | None = None
@@ -67,16 +69,38 @@ class ProxyStream(RequestStream):
         self._windows = windows if windows is not None else SwapWindows()
         self._marks = progress_marks(request.arrival_time)  # admission, then each read carrying tokens
 
-    def deliver_to(self, sink: Callable[[OutputEvent], bool]) -> bool:
+    def deliver_to(self, sink: Callable[[OutputEvent], bool], plain: PlainSink | None = None) -> bool:
         self._sink = sink
+        self._plain = plain
         return True
 
     def on_data(self, data: bytes) -> None:
         """One upstream read (the body bytes the connection decoded from it), called from the protocol's
         ``data_received``: read into one event, handed to the sink when the consumer waits with nothing
-        queued, else queued for :meth:`__anext__`."""
+        queued, else queued for :meth:`__anext__`. The most common read, one plain content chunk
+        (``FrameReader.plain``), goes to the ``plain`` sink without its event being made, when it can."""
         frames = self._frames
         if frames.ended or self._closed or self._broken is not None:
+            return
+        plain = self._plain
+        waiter = self._waiter
+        if plain is not None and waiter is not None and not self._events and not waiter.done() and frames.plain(data):
+            # What the general path below does with this read's event (one token, no finish), in its order:
+            # the progress marks, then the sink, the event queued only if the sink does not take it.
+            now = time.monotonic()
+            if self._windows.in_flight:
+                asyncio.get_running_loop().call_soon(self._stamp)
+            else:
+                self._marks.append(now)
+            if self.timing.first_token is None:
+                self.timing.first_token = now
+            try:
+                if plain(data, frames.prompt_tokens, frames.output_tokens):
+                    return
+            except Exception as exc:  # a bug past the engine: raised to the HTTP layer, which counts a 500
+                self._break(None, exc)
+                return
+            self._queue(OutputEvent("", 1, frames.prompt_tokens, frames.output_tokens, wire_frames=data), data)
             return
         try:
             event = self._feed(data)
@@ -101,13 +125,17 @@ class ProxyStream(RequestStream):
                     if frames.ended:
                         self._wake()
                     return
-            self._events.append(event)
-            self._backlog += len(data)
-            if self._backlog > _BACKLOG_BYTES:
-                self._response.pause_reading()
-            self._wake()
+            self._queue(event, data)
         elif frames.ended:
             self._wake()
+
+    def _queue(self, event: OutputEvent, data: bytes) -> None:
+        """Queue a read's event for ``__anext__`` (stopping the upstream's reads past the backlog)."""
+        self._events.append(event)
+        self._backlog += len(data)
+        if self._backlog > _BACKLOG_BYTES:
+            self._response.pause_reading()
+        self._wake()
 
     def on_end(self, error: BaseException | None) -> None:
         """The upstream body ended: None at its end, else what broke it."""
@@ -193,7 +221,7 @@ class ProxyStream(RequestStream):
         if self._closed:
             return
         self._closed = True
-        self._sink = None
+        self._sink = self._plain = None
         self._wake()  # a consumer waiting on a stream closed under it (abort, shutdown) ends
         if self._table is not None:
             self._table.pop(self.request_id, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from exporters.serving.engine import OutputEvent, RequestStream, RequestTiming
+from exporters.serving.engine import OutputEvent, PlainSink, RequestStream, RequestTiming
 
 
 class SimStream(RequestStream):
@@ -25,8 +25,8 @@ class SimStream(RequestStream):
         self._sink: Callable[[OutputEvent], bool] | None = None
         self._error: Exception | None = None
 
-    def deliver_to(self, sink: Callable[[OutputEvent], bool]) -> bool:
-        self._sink = sink
+    def deliver_to(self, sink: Callable[[OutputEvent], bool], plain: PlainSink | None = None) -> bool:
+        self._sink = sink  # the sim builds its own chunks: no forwarded frames, ``plain`` is never used
         return True
 
     def push(self, event: OutputEvent) -> None:
