@@ -26,7 +26,8 @@ Why that is safe, and when it is not used:
   and the middlewares' start/end hooks all run.
 - **No middleware misses anything**: every wrapper of ``send`` between uvicorn and the response
   (Starlette's ServerErrorMiddleware and exception handler, FastAPI's body-limit and telemetry middlewares,
-  ``HttpMetricsMiddleware``, the response's own) looks only at ``http.response.start`` and the final body
+  ``HttpMetricsMiddleware``, the response's own; for the generation routes served below that stack,
+  ``DirectRoutes.serve``'s, direct_routes.py) looks only at ``http.response.start`` and the final body
   message. A middleware that must see every body chunk (compression, byte counting) would miss them: the
   test above fails when the app's middleware list changes, to have that checked.
 """
