@@ -16,6 +16,7 @@ from exporters.serving.engine import GenerationRequest, OutputEvent, SamplingPar
 from exporters.serving.engines.openai import upstream_http
 from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.engines.openai.errors import failure_reason, retry_reason
+from exporters.serving.engines.openai.frames import FrameReader
 from exporters.serving.engines.openai.stream import ProxyStream
 from exporters.serving.engines.openai.upstream_connection import Connection
 from exporters.serving.engines.openai.upstream_http import (
@@ -513,9 +514,24 @@ def test_a_plain_sink_gets_what_the_sink_would_and_a_refused_plain_read_queues_i
     assert with_plain == without
     assert plain_calls == [_content(t) for t in "bcde"]  # the learned chunk again: b, c, d (refused), e
     got, queued, marks, first_token = with_plain
-    assert [g[3:5] for g in got] == [(0, 1), (0, 2), (0, 3), (0, 5), (0, 6)]
+    # f's finishing frame is held for the usage chunk's fingerprint (none comes), then sent with [DONE]
+    assert [g[3:5] for g in got] == [(0, 1), (0, 2), (0, 3), (0, 5), (0, 6), (0, 6)]
     assert queued == [("", 1, 0, 4, None, _content("d"))]
     assert (marks, first_token) == (1 + 6, True)  # admission, then each read carrying tokens
+
+
+def test_a_plain_read_is_not_taken_past_a_held_finishing_frame() -> None:
+    """While a finishing frame waits for the usage chunk's fingerprint (n > 1: another choice's content may
+    follow it), a read matching the learned chunk goes through ``feed``, which keeps the upstream's order."""
+    reader = FrameReader("http://u:1", chat=False, client_streams=True)
+    assert reader.feed(_content("a")) is not None  # learned
+    assert reader.plain(_content("b"))
+    finish = b'data: {"choices":[{"index":1,"text":"z","finish_reason":"length"}]}\n\n'
+    held = reader.feed(finish)
+    assert held is not None and held.wire_frames == b""  # held: nothing to write yet
+    assert not reader.plain(_content("c"))
+    event = reader.feed(_content("c"))
+    assert event is not None and event.wire_frames == finish + _content("c")  # the upstream's order
 
 
 def test_a_bug_in_reading_a_chunk_reaches_the_consumer_not_the_socket_callback() -> None:

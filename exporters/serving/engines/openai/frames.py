@@ -125,7 +125,7 @@ class FrameReader:
 
     def plain(self, data: bytes) -> bool:
         """Read ``data`` if it is the learned plain content chunk again with other text (``_learn``), for a
-        streaming client with nothing buffered: counted (one token) and True, and its event is
+        streaming client with nothing buffered or held: counted (one token) and True, and its event is
         ``OutputEvent("", 1, prompt_tokens, output_tokens, wire_frames=data)``, which :meth:`feed` returns
         for it; else False and nothing read (then :meth:`feed` reads it)."""
         head = self._head
@@ -133,6 +133,7 @@ class FrameReader:
             head is not None
             and self._client_streams
             and not self._buf
+            and self._held is None
             and data.startswith(head)
             and data.endswith(self._tail)
             and _PLAIN_STRING.fullmatch(data, self._head_len, len(data) - self._tail_len) is not None
