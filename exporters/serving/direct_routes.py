@@ -82,7 +82,7 @@ class DirectRoutes:
         app: Any = self._app
         if app.root_path or app.debug or app.user_middleware != self._middleware:
             return None
-        telemetry = getattr(app, "_native_telemetry", None)  # FastAPI's own; absent before FastAPI 0.13x
+        telemetry = getattr(app, "_native_telemetry", None)  # FastAPI's own (private): absent where FastAPI has none
         if telemetry is not None and telemetry.enabled():
             return None
         return route
