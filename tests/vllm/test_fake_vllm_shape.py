@@ -5,6 +5,8 @@ the fake defines there is looked up: its kind, a function's parameter names, a c
 attributes its methods assign, and its members (tests/support/vllm_shape.py reports both sides). The methods the
 plugin hooks (``exporters.vllm_plugin.hooks.HOOKS``) must match exactly; anything else the fake does its own
 way, for its own driving, is in ``FAKE_ONLY`` with the reason, and an entry that no longer differs fails too.
+The check against vLLM is slow (vLLM's imports: torch); the comparison's own test, fake against reshaped fake,
+is not.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from tests.support import vllm_server as rig
 from tests.support.paths import ROOT
 from tests.vllm.conftest import require_vllm_python
 from tests.vllm_plugin import fake_vllm
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPT = ROOT / "tests" / "support" / "vllm_shape.py"
 
@@ -61,8 +61,11 @@ def _modules(root: Path) -> list[str]:
     return names
 
 
-def _run(argv: list[str], cwd: Path) -> Any:
+def _run(argv: list[str], cwd: Path, path: Path | None = None) -> Any:
+    """The script's JSON; ``path``: the directory whose ``vllm`` a lookup finds, instead of the installed one."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | rig.ENV
+    if path is not None:
+        env["PYTHONPATH"] = str(path)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=cwd, env=env)
     assert proc.returncode == 0, f"{argv[0]} {argv[2]}: rc {proc.returncode}\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout)
@@ -104,10 +107,35 @@ def differences(fake: dict[str, Any], real: dict[str, Any]) -> dict[str, str]:
     return found
 
 
+def _inventory(root: Path, cwd: Path) -> Any:
+    return _run([sys.executable, str(SCRIPT), "inventory", str(root), json.dumps(_modules(root))], cwd)
+
+
+def test_a_reshaped_vllm_gives_one_line_per_difference(tmp_path: Path) -> None:
+    """The comparison itself, without vLLM: the fake against a fake reshaped through write()'s options."""
+    fake = _inventory(fake_vllm.write(tmp_path / "fake"), tmp_path)
+    other = fake_vllm.write(
+        tmp_path / "other", "0.32.0", capture_method="capture_graphs", add_adapter_params="self, *requests",
+        active_attr="_slots",
+    )  # fmt: skip
+    real = _run([sys.executable, str(SCRIPT), "lookup", json.dumps(fake)], tmp_path, path=other)
+    manager, runner = "vllm.lora.worker_manager.LRUCache", "GPUModelRunner.capture_model"
+    assert differences(fake, real) == {
+        "vllm.__version__": "str '0.33.0' in the fake, str '0.32.0' in vLLM",
+        f"{manager}LoRAModelManager._active_adapters": "an instance attribute in the fake, not in vLLM",
+        f"{manager}WorkerLoRAManager.add_adapter": "(self, lora_request) in the fake, (self, *requests) in vLLM",
+        f"vllm.v1.worker.gpu_model_runner.{runner}": "not in vLLM",
+        f"vllm.v1.worker.gpu.model_runner.{runner}": "not in vLLM",
+    }
+    assert differences(fake, fake) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_the_fake_vllm_has_the_real_shape(tmp_path: Path) -> None:
     interpreter = require_vllm_python()
     root = fake_vllm.write(tmp_path / "fake")
-    fake = _run([sys.executable, str(SCRIPT), "inventory", str(root), json.dumps(_modules(root))], tmp_path)
+    fake = _inventory(root, tmp_path)
     real = _run([str(interpreter), str(SCRIPT), "lookup", json.dumps(fake)], tmp_path)
 
     defined = {

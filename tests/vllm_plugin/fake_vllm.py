@@ -2,7 +2,12 @@
 the plugin hooks, shaped like vLLM's own (vllm/plugins, vllm/lora/worker_manager.py, vllm/v1/worker/
 gpu_model_runner.py, the second runner's gpu/model_runner.py, gpu_worker.py and cpu_worker.py), with none of their
 work.
-Simulated durations advance ``vllm.TICK`` (a fake clock the driver installs), so the plugin's timings are exact."""
+Simulated durations advance ``vllm.TICK`` (a fake clock the driver installs), so the plugin's timings are exact.
+
+Checked against the real vLLM 0.32 (``.venv-vllm``) by tests/vllm/test_fake_vllm_shape.py: every name written
+here, with write()'s defaults, exists there with the same parameter names, fields and instance attributes,
+the hooked methods exactly; what the fake does its own way (its constructors, TICK, LAST_ERROR, ``ranks``) is
+listed there with the reason. A change here that vLLM does not have fails that test."""
 
 from __future__ import annotations
 
