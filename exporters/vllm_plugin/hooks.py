@@ -62,7 +62,9 @@ def _wrap_capture_model(original: Func) -> Func:
     @functools.wraps(original)
     def capture_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         probe = STATE.probe
-        if probe is None:
+        # The second runner's capture_model(profile_only=True) is vLLM sizing the graphs' memory before the
+        # capture (v1/worker/gpu/cudagraph_utils.py in 0.32): a measurement, not the capture to record.
+        if probe is None or kwargs.get("profile_only"):
             return original(self, *args, **kwargs)
         start = _now()
         result = original(self, *args, **kwargs)
@@ -182,7 +184,8 @@ HOOKS: tuple[Hook, ...] = (
         (Patch("GPUModelRunner.capture_model", 0, _wrap_capture_model),),
     ),
     # vLLM's second model runner (vllm/v1/worker/gpu/, chosen by VLLM_USE_V2_MODEL_RUNNER in the releases that
-    # ship it): the same capture_model(self) -> int; its LoRA goes through the same worker manager.
+    # ship it): capture_model(self, *, profile_only=False) -> int, called once with profile_only=True to size
+    # the graphs' memory (not recorded); its LoRA goes through the same worker manager.
     Hook(
         "cuda_graph_capture",
         "vllm.v1.worker.gpu.model_runner",

@@ -2,7 +2,8 @@
 (the real entry point), then what a GPU worker does. Prints one JSON document: records, log lines, results.
 
 argv: <fake vllm root> <options JSON>. Options: probe_raises, register_twice, preimport, real_probe_dir, no_cuda
-(the real probe's fake torch has no CUDA), cpu_worker (vLLM's CPU worker), init_args (for init_device)."""
+(the real probe's fake torch has no CUDA), cpu_worker (vLLM's CPU worker), init_args (for init_device), v2_runner
+(the second model runner, as the fake was written with it: its profiling capture runs first)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,10 @@ clock.advance(10.0)
 results["evicted"] = worker.model_runner.lora_manager._adapter_manager.deactivate_adapter(1)
 results["batch_again"] = worker.model_runner._set_active_loras((1, 2), (1, 1, 2), batch)
 clock.advance(10.0)
+if options.get("v2_runner"):
+    # vLLM 0.32 sizes the graphs' memory first (gpu/cudagraph_utils.py): the second runner's capture with
+    # profile_only=True, a measurement and not the capture; the plugin must not record it.
+    results["profile_capture"] = worker.model_runner.capture_model(profile_only=True)
 results["capture"] = worker.compile_or_warm_up_model()
 try:
     worker.add_lora(LoRARequest("missing", 3, "/nope"))
