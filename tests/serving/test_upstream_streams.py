@@ -144,8 +144,11 @@ def _content(fixture: Fixture, payload: bytes) -> bool:
 def _expected_body(fixture: Fixture, options: dict[str, bool]) -> bytes:
     """The upstream's data frames as the proxy forwards them (docs/serving.md, *Streaming*): comments and the
     upstream's [DONE] not forwarded (the proxy writes its own); the usage-only chunk only to a client that
-    asked for usage; usage on a choice chunk stripped only for a client that asked for none."""
-    out = []
+    asked for usage, a client that did not getting its ``system_fingerprint`` last on the finishing chunk (where
+    vLLM writes it when no usage is asked for); usage on a choice chunk stripped only for a client that asked
+    for none."""
+    out: list[bytes] = []
+    finishing: int | None = None  # out's index of the finishing chunk
     for payload in fixture.data_payloads():
         if payload == b"[DONE]":
             continue
@@ -153,7 +156,12 @@ def _expected_body(fixture: Fixture, options: dict[str, bool]) -> bytes:
         if not chunk.get("choices"):
             if options.get("include_usage"):
                 out.append(payload)
+            elif "system_fingerprint" in chunk and finishing is not None:
+                fingerprint = json.dumps(chunk["system_fingerprint"], ensure_ascii=False).encode()
+                out[finishing] = out[finishing][:-1] + b',"system_fingerprint":' + fingerprint + b"}"
             continue
+        if chunk["choices"][0].get("finish_reason") and "system_fingerprint" not in chunk:
+            finishing = len(out)
         if "usage" in chunk and chunk["usage"] is not None and not options:
             chunk.pop("usage")
             payload = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode()
