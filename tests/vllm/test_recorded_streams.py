@@ -23,8 +23,6 @@ import pytest
 from tests.fixtures.upstream_streams import NAMES, load
 from tests.support import vllm_server as rig
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
 VLLM_NAMES = tuple(n for n in NAMES if n.startswith("vllm_"))
 MAX_TOKENS = 6
 """Enough that some content chunk precedes the finish chunk, whatever bytes the tiny model's tokens decode to."""
@@ -147,7 +145,7 @@ def _request(name: str, served_name: str) -> tuple[str, dict[str, Any]]:
 
 
 def test_the_comparison_sees_each_kind_of_difference() -> None:
-    """The comparer itself, on a fixture against altered copies of it (no vLLM)."""
+    """The comparer itself, on a fixture against altered copies of it (no vLLM, not slow)."""
     raw = load("vllm_chat_usage").raw
     assert differences(raw, raw) == []
     merged = raw.replace(b'"content":" sky"}', b'"content":" sky is"}')
@@ -182,6 +180,8 @@ def test_the_comparison_sees_each_kind_of_difference() -> None:
     assert moved.startswith("content: the same entries in another order: ")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("name", VLLM_NAMES)
 def test_recorded_stream_has_the_live_shape(name: str, vllm_server: rig.VllmServer) -> None:
     path, body = _request(name, vllm_server.served_name)
