@@ -130,11 +130,31 @@ def scraped(vllm_proxy: Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iter
             _wait_for(prom, f'count(up{{job="{SERVE_JOB}"}} == 1) == 2')
             start = time.time()
             _load(vllm_proxy)
+            _until_scraped_running(prom, vllm_proxy, vllm_target)
             time.sleep(3)  # a few more scrapes and rule evaluations after the last request
             yield Scraped(prom, start, time.time(), vllm_target)
     finally:
         unloaded = httpx.post(vllm_proxy.url + "/v1/unload_lora_adapter", json={"lora_name": ADAPTER})
         assert unloaded.status_code == 200, unloaded.text
+
+
+def _until_scraped_running(prom: PrometheusServer, proxy: Proxy, vllm_target: str, attempts: int = 10) -> None:
+    """Long streams, one after another, until a scrape has seen vLLM with a request running. The load's requests
+    take tens of milliseconds and the scrapes come once a second, so a scrape may well have caught none; the
+    service-status dashboard's output speed divides by the mean of ``vllm:num_requests_running`` over 5 m and
+    drops the series where that mean is 0. One stream of 900 tokens runs across several scrapes."""
+    seen = f'max_over_time(vllm:num_requests_running{{instance="{vllm_target}"}}[5m]) > 0'
+    body = {"model": SERVED_NAME, "prompt": "long", "max_tokens": 900, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=proxy.url, timeout=120) as client:
+        for _ in range(attempts):
+            time.sleep(1.5)  # the last scrape of the stream's end: a scrape interval and a half
+            if prom.query(seen):
+                return
+            with client.stream("POST", "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200, resp.read()
+                for _ in resp.iter_bytes():
+                    pass
+    raise AssertionError(f"{attempts} streams of 900 tokens and no scrape saw a request running; {seen}")
 
 
 def _wait_for(prom: PrometheusServer, expr: str, timeout_s: float = 30.0) -> None:
