@@ -9,11 +9,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +21,7 @@ from typing import Any
 
 from loadlens.experiment.models import PlannedTrial, Scalar, template_fields
 from loadlens.experiment.models import SimServer as SimSpec
+from loadlens.util.child import stop_process_group
 from loadlens.util.http import http_ok
 from loadlens.util.net import free_port
 
@@ -154,26 +152,8 @@ class _Child:
         """SIGTERM to the whole group, then SIGKILL to whatever of it is left after ``grace_s``, even when the
         leader already exited: a server's children (vLLM's ``EngineCore`` and workers) can outlive it and
         would hold the memory and answer the next trial."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader, so a dead one does not keep the group alive as a zombie
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        stop_process_group(self.proc, grace_s)
         self._out.close()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SimServer(ServerControl):

@@ -18,6 +18,32 @@ from pathlib import Path
 from loadlens.util.http import http_ok
 
 
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM to ``proc``'s whole process group (``proc`` started with ``start_new_session``), then SIGKILL to
+    whatever of it is left after ``grace_s``, even when the leader already exited: a server's children (vLLM's
+    ``EngineCore`` and workers) can outlive it and would hold its memory, its port and its KV cache."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while process_group_alive(proc.pid) and time.monotonic() < deadline:
+        proc.poll()  # reap the leader, so a dead one does not keep the group alive as a zombie
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def process_group_alive(pgid: int) -> bool:
+    """Whether any process of the group is left (one we may not signal counts as alive)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class ChildError(RuntimeError):
     """The child exited or never answered; the message carries the end of its stderr."""
 

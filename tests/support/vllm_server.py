@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from loadlens.util.child import stop_process_group
 from loadlens.util.http import http_ok
 from loadlens.util.net import free_port
 from tests.support.paths import ROOT
@@ -183,27 +183,6 @@ def log_tail(path: Path, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM to the group, then SIGKILL to whatever of it is left, even when the leader already exited."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait_s)
-        if not _group_alive(proc.pid):
-            return
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def vllm_server(
     model: TinyModel,
@@ -246,4 +225,4 @@ def vllm_server(
             time.sleep(0.25)
         yield VllmServer(url, proc.pid, log_path, model, time.monotonic() - started)
     finally:
-        _kill_group(proc, stop_grace_s)
+        stop_process_group(proc, stop_grace_s)
