@@ -86,6 +86,8 @@ class Trial(_Model):
     knobs: dict[str, Scalar] = Field(default_factory=dict)
     """The server configuration applied (knob name -> value)."""
     profile: str
+    adapters: list[str] = Field(default_factory=list)
+    """The LoRA adapters loaded onto the server for this trial (names of the result's ``adapters``)."""
     target: str | None = None
     """The base URL the trial's load went to."""
     status: Literal["pending", "done", "failed", "skipped"] = "pending"
@@ -160,6 +162,28 @@ class ExperimentInfo(_Model):
     analysis: str
 
 
+class AdapterRecord(_Model):
+    """A LoRA adapter the experiment wrote (``loadlens lora make``) for its trials to load."""
+
+    name: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    dtype: str
+    init_b: str
+    seed: int
+    base: str
+    """The base model it was made for (config.json, model directory or sim model profile)."""
+    path: str
+    """Where it was written (``EXPDIR/adapters/NAME``)."""
+    server_path: str
+    """The path the server was given to load it from."""
+    formula_bytes: int
+    """layers x target modules x r x (d_in + d_out) x bytes per parameter (the guide's formula)."""
+    file_bytes: int
+    """The size of ``adapter_model.safetensors``."""
+
+
 class ServerInfo(_Model):
     mode: Literal["sim", "admin", "command", "urls"]
     target: str | None = None
@@ -178,6 +202,7 @@ class ExperimentResult(_Model):
     completed: bool = False
     """Every trial is done (or skipped by the analysis' early stop)."""
     interrupted: bool = False
+    adapters: list[AdapterRecord] = Field(default_factory=list)
     trials: list[Trial]
     tables: list[Table] = Field(default_factory=list)
     fits: list[Fit] = Field(default_factory=list)

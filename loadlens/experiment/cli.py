@@ -15,9 +15,16 @@ from pathlib import Path
 
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE, ExperimentResult
 from loadlens.contracts.slo import SLOConfigError, load_slos
+from loadlens.experiment.adapters import AdapterBook
 from loadlens.experiment.analysis.analyse import analyse, stopper
 from loadlens.experiment.html import write_html
-from loadlens.experiment.models import ExperimentError, available_experiments, expand_trials, load_experiment
+from loadlens.experiment.models import (
+    ExperimentError,
+    available_experiments,
+    expand_adapters,
+    expand_trials,
+    load_experiment,
+)
 from loadlens.experiment.runner import ExperimentRunner, Interrupted, RunOptions
 from loadlens.experiment.search import SearchFailed, SearchRunner
 from loadlens.experiment.servers import AdminServer, CommandServer, ServerControl, ServerError, SimServer, UrlServer
@@ -66,11 +73,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     arg(p, "--slo-file", help="SLO file (loadlens load and the analysis)")
     arg(p, "--model", help="model name for loadlens load")
     arg(p, "--api-key", help="bearer token for the target")
+    arg(p, "--lora-base", help="the served model's config.json or directory the experiment's LoRA adapters are "
+        "made for (default with the sim: its model profile)")  # fmt: skip
+    arg(p, "--server-adapter-dir", help="where the server reads RESULTS/experiments/RUN_ID/adapters (default: "
+        "that path: the server shares this file system)")  # fmt: skip
     arg(p, "--dry-run", action="store_true", help="validate and print the trials, start nothing")
     p.set_defaults(handler=run)
 
 
-def _server(args: argparse.Namespace, exp_dir: Path, sim_spec: object) -> ServerControl:
+def _server(args: argparse.Namespace, exp_dir: Path, sim_spec: object, with_adapters: bool) -> ServerControl:
     from loadlens.experiment.models import SimServer as SimSpec
 
     assert isinstance(sim_spec, SimSpec)
@@ -83,7 +94,8 @@ def _server(args: argparse.Namespace, exp_dir: Path, sim_spec: object) -> Server
         raise UsageError("--server-url is for --server-command; use --host for a running server")
     if args.host:
         return AdminServer(args.host, args.admin_token)
-    return SimServer(sim_spec, exp_dir / "server.log", speed=args.speed)
+    lora_root = (exp_dir / "adapters").resolve() if with_adapters else None
+    return SimServer(sim_spec, exp_dir / "server.log", speed=args.speed, lora_root=lora_root)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,12 +125,21 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         for t in trials:
             knobs = " ".join(f"{k}={v}" for k, v in t.knobs.items())
+            adapters = f"  adapters {','.join(t.adapters)}" if t.adapters else ""
             print(
                 f"{t.index + 1:>3} {t.name:<32} profile {t.profile:<12} {knobs}{'  host ' + t.host if t.host else ''}"
+                f"{adapters}"
             )
         print(f"{len(trials)} trials x {repeats} repeats -> {exp_dir / EXPERIMENT_FILE}")
         return 0
-    server = UrlServer(None, args.admin_token) if any(t.host for t in trials) else _server(args, exp_dir, exp.spec.sim)
+    planned_adapters = expand_adapters(exp)
+    if any(t.host for t in trials):
+        server: ServerControl = UrlServer(None, args.admin_token)
+    else:
+        server = _server(args, exp_dir, exp.spec.sim, with_adapters=bool(planned_adapters))
+    if planned_adapters:
+        server.adapters = AdapterBook(planned_adapters, exp_dir / "adapters", args.server_adapter_dir)
+    lora_base = args.lora_base or (exp.spec.sim.model_profile if isinstance(server, SimServer) else None)
     opts = RunOptions(
         directory=exp_dir,
         run_id=run_id,
@@ -130,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         api_key=args.api_key,
         resume=args.resume,
+        lora_base=lora_base,
     )
     runner_cls = SearchRunner if exp.spec.search is not None else ExperimentRunner
     runner = runner_cls(exp, trials, server, opts, analyse=analyse(exp.spec.analysis, slos, exp.spec.search),

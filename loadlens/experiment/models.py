@@ -78,6 +78,31 @@ class SweepAxis(_Model):
         return self
 
 
+class AdapterSpec(_Model):
+    """A LoRA adapter the experiment writes with ``loadlens lora make`` before anything runs (into
+    ``EXPDIR/adapters/NAME``) and trials load onto their server. With ``rank: "${PARAM}"`` (a list parameter)
+    it is one adapter per rank, ``name`` holding ``{rank}``."""
+
+    name: str
+    """A template: ``r{rank}``."""
+    rank: int | str = Field(default=8)
+    alpha: float | None = Field(default=None, gt=0)
+    """``lora_alpha``; default 2 x rank (``loadlens lora make``'s default)."""
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    init_b: Literal["random", "zero"] = "random"
+    seed: int = 0
+
+    @field_validator("rank")
+    @classmethod
+    def _rank(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be at least 1, got {value}")
+        if isinstance(value, str) and not (value.startswith("${") and value.endswith("}")):
+            raise ValueError(f"a positive integer or '${{PARAM}}', got {value!r}")
+        return value
+
+
 class TrialSpec(_Model):
     """A trial, or with ``sweep`` the cartesian product of the axes' values (one trial per combination)."""
 
@@ -85,6 +110,10 @@ class TrialSpec(_Model):
     profile: str
     knobs: dict[str, Scalar] = Field(default_factory=dict)
     vars: dict[str, Scalar] = Field(default_factory=dict)
+    """Values for the profile's ``${NAME}`` placeholders; a string value is a template too (``"r{rank}"``)."""
+    adapters: list[str] = Field(default_factory=list)
+    """Adapters (names of the experiment's ``adapters``, templates) loaded onto the server before the trial's
+    runs and unloaded after it."""
     sweep: dict[str, SweepAxis] = Field(default_factory=dict)
     host: str | None = None
     """This trial's server URL (per-trial URL mode); knobs are then applied there through its admin API."""
@@ -153,6 +182,8 @@ class ExperimentSpec(_Model):
     parameters: dict[str, Param] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1, le=100)
     warmup: Warmup | None = Field(default_factory=lambda: Warmup())
+    adapters: list[AdapterSpec] = Field(default_factory=list)
+    """LoRA adapters written before anything runs; trials name the ones they load."""
     profiles: dict[str, dict[str, Any] | str]
     """Inline load profiles (the documents ``loadlens load --profile`` reads), or a packaged profile name/path."""
     trials: list[TrialSpec] = Field(min_length=1)
@@ -197,6 +228,21 @@ class PlannedTrial:
     vars: dict[str, Scalar]
     params: dict[str, Scalar]
     host: str | None
+    adapters: tuple[str, ...] = ()
+    """The adapters loaded for this trial (names of :func:`expand_adapters`)."""
+
+
+@dataclass(frozen=True)
+class PlannedAdapter:
+    """One adapter after expansion: its rank filled in."""
+
+    name: str
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    dtype: str
+    init_b: str
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -254,6 +300,7 @@ def expand_trials(exp: Experiment) -> list[PlannedTrial]:
     spec, params = exp.spec, exp.spec.parameters
     out: list[PlannedTrial] = []
     src = exp.source.name
+    known = {a.name for a in expand_adapters(exp)}
     for i, t in enumerate(spec.trials):
         where = f"{src}: trials.{i}"
         if spec.search is not None:
@@ -265,7 +312,7 @@ def expand_trials(exp: Experiment) -> list[PlannedTrial]:
             swept = dict(zip(labels, combo, strict=True))
             scope = {**params, **t.vars, **t.label, **swept}
             knobs = {_fill(k, params, f"{where}.knobs"): v for k, v in t.knobs.items()}
-            tvars = dict(t.vars)
+            tvars = _fill_vars(t.vars, scope, f"{where}.vars")
             for label, value in swept.items():
                 axis = t.sweep[label]
                 if axis.knob is not None:
@@ -277,7 +324,8 @@ def expand_trials(exp: Experiment) -> list[PlannedTrial]:
             if not NAME_RE.match(name):
                 raise ExperimentError(f"{where}.name: {name!r} is not a safe directory name ({NAME_RE.pattern})")
             host = _fill(t.host, scope, f"{where}.host") if t.host else None
-            out.append(PlannedTrial(len(out), name, t.profile, knobs, tvars, {**t.label, **swept}, host))
+            adapters = _trial_adapters(t, scope, known, f"{where}.adapters")
+            out.append(PlannedTrial(len(out), name, t.profile, knobs, tvars, {**t.label, **swept}, host, adapters))
     names = [p.name for p in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -294,13 +342,55 @@ def level_trial(exp: Experiment, value: float, index: int) -> PlannedTrial:
     assert exp.spec.search is not None
     v = search_value(exp.spec.search, value)
     t = exp.spec.trials[0]
-    tvars = {**t.vars, exp.spec.search.var: v}
-    scope = {**exp.spec.parameters, **tvars, **t.label}
+    scope = {**exp.spec.parameters, **t.vars, exp.spec.search.var: v, **t.label}
     where = f"{exp.source.name}: trials.0"
+    tvars = {**_fill_vars(t.vars, scope, f"{where}.vars"), exp.spec.search.var: v}
     knobs = {_fill(k, exp.spec.parameters, f"{where}.knobs"): val for k, val in t.knobs.items()}
     name = _fill(t.name, scope, f"{where}.name")
     host = _fill(t.host, scope, f"{where}.host") if t.host else None
-    return PlannedTrial(index, name, t.profile, knobs, tvars, {**t.label, exp.spec.search.var: v}, host)
+    known = {a.name for a in expand_adapters(exp)}
+    adapters = _trial_adapters(t, scope, known, f"{where}.adapters")
+    return PlannedTrial(index, name, t.profile, knobs, tvars, {**t.label, exp.spec.search.var: v}, host, adapters)
+
+
+def _fill_vars(tvars: dict[str, Scalar], scope: dict[str, Param], where: str) -> dict[str, Scalar]:
+    return {k: (_fill(v, scope, f"{where}.{k}") if isinstance(v, str) and "{" in v else v) for k, v in tvars.items()}
+
+
+def _trial_adapters(t: TrialSpec, scope: dict[str, Param], known: set[str], where: str) -> tuple[str, ...]:
+    names = tuple(_fill(a, scope, where) for a in t.adapters)
+    for name in names:
+        if name not in known:
+            raise ExperimentError(f"{where}: no adapter {name!r} (the experiment's adapters: {sorted(known)})")
+    if len(set(names)) != len(names):
+        raise ExperimentError(f"{where}: an adapter is named twice: {list(names)}")
+    return names
+
+
+def expand_adapters(exp: Experiment) -> list[PlannedAdapter]:
+    """Every adapter the experiment writes, in order; a ``rank: "${PARAM}"`` entry gives one per rank."""
+    out: list[PlannedAdapter] = []
+    src = exp.source.name
+    for i, a in enumerate(exp.spec.adapters):
+        where = f"{src}: adapters.{i}"
+        if isinstance(a.rank, str):
+            value = exp.spec.parameters.get(a.rank[2:-1])
+            ranks: list[Scalar | None] = list(value) if isinstance(value, list) else [value]
+        else:
+            ranks = [a.rank]
+        for rank in ranks:
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+                raise ExperimentError(f"{where}.rank: {a.rank} must give positive integers, got {rank!r}")
+            name = _fill(a.name, {**exp.spec.parameters, "rank": rank}, f"{where}.name")
+            if not NAME_RE.match(name):
+                raise ExperimentError(f"{where}.name: {name!r} is not a safe adapter name ({NAME_RE.pattern})")
+            alpha = float(a.alpha) if a.alpha is not None else 2.0 * rank
+            out.append(PlannedAdapter(name, rank, alpha, tuple(a.target_modules), a.dtype, a.init_b, a.seed))
+    names = [a.name for a in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ExperimentError(f"{src}: adapters: duplicate adapter names {dupes} (put {{rank}} in the name)")
+    return out
 
 
 def _axis_values(axis: SweepAxis, params: dict[str, Param], where: str) -> list[Scalar]:

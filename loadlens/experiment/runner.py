@@ -35,6 +35,7 @@ import yaml
 from loadlens.contracts.experiment_result import (
     EXPERIMENT_FILE,
     SCHEMA,
+    AdapterRecord,
     ExperimentInfo,
     ExperimentResult,
     ServerInfo,
@@ -68,6 +69,8 @@ class RunOptions:
     api_key: str | None = None
     resume: bool = False
     sample_interval: float = 0.25
+    lora_base: str | None = None
+    """The base model the experiment's adapters are made for (config.json, model directory, sim profile)."""
 
 
 def _now() -> str:
@@ -144,6 +147,10 @@ def extract_figures(doc: dict[str, Any]) -> dict[str, float | None]:
         for key, value in figs.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 out[f"{cls}.{key}"] = float(value)
+    for model, figs in (overall.get("models") or {}).items():
+        for key, value in figs.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[f"models.{model}.{key}"] = float(value)
     done, failed = out.get("completed") or 0.0, out.get("failed") or 0.0
     outcomes = overall.get("outcomes") or {}
     attempts = done + failed
@@ -217,6 +224,7 @@ class ExperimentRunner:
         self.say = say
         self.dir = opts.directory
         self.profiles: dict[str, Path] = {}
+        self.adapter_records: list[AdapterRecord] = []
         self.result: ExperimentResult | None = None
         self._finished: list[tuple[PlannedTrial, int]] = []
 
@@ -234,6 +242,15 @@ class ExperimentRunner:
         """Write each trial's profile and validate it with ``loadlens load --dry-run``; load the previous
         result when resuming. Raises :class:`ExperimentError` (a usage error)."""
         (self.dir / "profiles").mkdir(parents=True, exist_ok=True)
+        book = self.server.adapters
+        if book:
+            assert book is not None
+            if not self.opts.lora_base:
+                raise ExperimentError(
+                    f"{self.exp.source.name}: adapters: give --lora-base (the served model's config.json or "
+                    "directory) to make them for"
+                )
+            self.adapter_records = book.make(self.opts.lora_base)
         checks: dict[str, PlannedTrial] = {}
         for t in self.trials:
             checks.setdefault(self.write_profile(t), t)
@@ -323,8 +340,16 @@ class ExperimentRunner:
             ),
             server=ServerInfo(**self.server.describe()),
             start_time=_now(),
+            adapters=list(self.adapter_records),
             trials=[
-                Trial(index=t.index, name=t.name, params=dict(t.params), knobs=dict(t.knobs), profile=t.profile)
+                Trial(
+                    index=t.index,
+                    name=t.name,
+                    params=dict(t.params),
+                    knobs=dict(t.knobs),
+                    profile=t.profile,
+                    adapters=list(t.adapters),
+                )  # fmt: skip
                 for t in self.trials
             ],
         )

@@ -137,7 +137,8 @@ class SearchRunner(ExperimentRunner):
                 planned = level_trial(self.exp, level, record.index if record else len(self.result.trials))
                 if record is None:
                     record = Trial(index=planned.index, name=planned.name, params=dict(planned.params),
-                                   knobs=dict(planned.knobs), profile=planned.profile)  # fmt: skip
+                                   knobs=dict(planned.knobs), profile=planned.profile,
+                                   adapters=list(planned.adapters))  # fmt: skip
                     self.result.trials.append(record)
                     self.trials.append(planned)
                 self.write_profile(planned)

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from loadlens.experiment.adapters import AdapterBook, AdapterLoadError
 from loadlens.experiment.models import PlannedTrial, Scalar, template_fields
 from loadlens.experiment.models import SimServer as SimSpec
 from loadlens.util.child import stop_process_group
@@ -56,6 +57,8 @@ class ServerControl:
         self.url = url
         self.token = token
         self._original: dict[str, dict[str, Any]] = {}
+        self.adapters: AdapterBook | None = None
+        """The experiment's adapters: a trial's are loaded in :meth:`prepare`, unloaded in :meth:`finish`."""
 
     def describe(self) -> dict[str, Any]:
         return {"mode": self.mode, "target": self.url}
@@ -98,13 +101,37 @@ class ServerControl:
         url = self._target(trial)
         if trial.knobs:
             _request("PATCH", f"{url}/admin/knobs", body=dict(trial.knobs), token=self.token)
+        self.load_adapters(url, trial)
         return url
 
+    def load_adapters(self, url: str, trial: PlannedTrial) -> None:
+        if self.adapters is None or not trial.adapters:
+            return
+        try:
+            self.adapters.load(url, trial.adapters, self.token)
+        except AdapterLoadError as err:
+            raise ServerError(f"trial {trial.name}: loading its adapters: {err}") from err
+
     def finish(self, trial: PlannedTrial) -> None:
-        pass
+        self.unload_adapters(trial)
+
+    def unload_adapters(self, trial: PlannedTrial) -> None:
+        if self.adapters is None or not trial.adapters:
+            return
+        try:
+            self.adapters.unload(self._target(trial), trial.adapters, self.token)
+        except AdapterLoadError as err:
+            raise ServerError(f"trial {trial.name}: unloading its adapters: {err}") from err
 
     def close(self) -> None:
-        """Put back the knobs the experiment changed."""
+        """Put back the knobs the experiment changed and unload the adapters it left loaded."""
+        if self.adapters is not None:
+            for url, names in list(self.adapters.loaded.items()):
+                with _suppress():
+                    try:
+                        self.adapters.unload(url, tuple(sorted(names)), self.token)
+                    except AdapterLoadError as err:
+                        raise ServerError(str(err)) from err
         for url, original in self._original.items():
             with _suppress():
                 current = self.knobs(url)
@@ -161,7 +188,7 @@ class SimServer(ServerControl):
 
     mode = "sim"
 
-    def __init__(self, spec: SimSpec, log: Path, speed: float | None = None) -> None:
+    def __init__(self, spec: SimSpec, log: Path, speed: float | None = None, lora_root: Path | None = None) -> None:
         super().__init__(None)
         port = free_port()
         self.argv = [
@@ -186,6 +213,9 @@ class SimServer(ServerControl):
         ]
         for key, value in spec.knobs.items():
             self.argv += ["--knob", f"{key}={_knob_text(value)}"]
+        self.lora_root = lora_root
+        if lora_root is not None:
+            self.argv += ["--lora-root", str(lora_root)]
         self.url = f"http://127.0.0.1:{port}"
         self._log = log
         self._child: _Child | None = None
@@ -194,6 +224,8 @@ class SimServer(ServerControl):
         return {"mode": self.mode, "target": self.url, "sim_argv": self.argv[2:]}
 
     def start(self) -> None:
+        if self.lora_root is not None:
+            self.lora_root.mkdir(parents=True, exist_ok=True)
         self._child = _Child(self.argv, self._log)
         self._child.wait_healthy(f"{self.url}/health", 60.0)
 
@@ -224,8 +256,17 @@ class CommandServer(ServerControl):
     def describe(self) -> dict[str, Any]:
         return {"mode": self.mode, "target": self.url, "command": self.template}
 
+    LORA_MODULES = "lora_modules"
+    """The template field filled with the trial's adapters as vLLM's ``--lora-modules`` value."""
+
     def command(self, trial: PlannedTrial) -> list[str]:
         values = {k: _knob_text(v) for k, v in trial.knobs.items()}
+        if self.LORA_MODULES in template_fields(self.template) and self.LORA_MODULES not in values:
+            if not trial.adapters or self.adapters is None:
+                raise ServerError(
+                    f"--server-command: trial {trial.name} loads no adapters for the template's {{lora_modules}}"
+                )
+            values[self.LORA_MODULES] = self.adapters.lora_modules(trial.adapters)
         missing = [f for f in template_fields(self.template) if f not in values]
         if missing:
             raise ServerError(
@@ -245,12 +286,17 @@ class CommandServer(ServerControl):
             raise ServerError(f"trial {trial.name}: {url + self.health_path} answers before its server started")
         self._child = _Child(self.command(trial), self.log_dir / trial.name / "server.log")
         self._child.wait_healthy(url + self.health_path, self.timeout_s)
+        if self.LORA_MODULES not in template_fields(self.template):
+            self.load_adapters(url, trial)
         return url
 
     def finish(self, trial: PlannedTrial) -> None:
+        # The server goes away with whatever it had loaded: nothing to unload.
         if self._child is not None:
             self._child.stop()
             self._child = None
+        if self.adapters is not None and self.url is not None:
+            self.adapters.forget(self.url.rstrip("/"))
 
     def close(self) -> None:
         self.finish(None)  # type: ignore[arg-type]
