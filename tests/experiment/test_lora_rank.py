@@ -1,0 +1,181 @@
+"""The ``lora_rank`` analysis on hand-made results: the guide's table with sizes, per-token latency and its
+increment over the base; the power-law fit of the increment (exact on exact points, b's uncertainty from the
+points' standard errors and from the residuals); the ``sub_linear`` finding passes, fails and is not judged as
+docs/experiments.md says."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from loadlens.contracts.experiment_result import (
+    AdapterRecord,
+    ExperimentInfo,
+    ExperimentResult,
+    ServerInfo,
+    Trial,
+    TrialRun,
+)
+from loadlens.contracts.slo import load_slos
+from loadlens.experiment.analysis.analyse import analyse
+from loadlens.experiment.analysis.lora_rank import PowerFitError, fit_power_law, standard_error
+from loadlens.experiment.models import Analysis, load_experiment
+from loadlens.experiment.runner import aggregate
+
+SPEC = Analysis(kind="lora_rank", y="mean_tpot_ms")
+
+
+def record(rank: int) -> AdapterRecord:
+    return AdapterRecord(
+        name=f"r{rank}", rank=rank, alpha=16, target_modules=["q_proj", "v_proj"], dtype="bf16", init_b="random",
+        seed=0, base="tiny", path=f"/x/r{rank}", server_path=f"/x/r{rank}", formula_bytes=rank * 1024 * 1024,
+        file_bytes=rank * 1024 * 1024 + 2048,
+    )  # fmt: skip
+
+
+def trial(index: int, name: str, tpots: list[float], adapters: list[str], std: float = 0.5, n: int = 2500) -> Trial:
+    """One trial whose repeats measured these mean TPOTs, each over ``n`` samples of standard deviation ``std``;
+    ITL is TPOT + 0.01 ms, p50/p99 around it."""
+    runs = [
+        TrialRun(repeat=k, run_id=f"r{k}", result_path="x", log_path="y", exit_code=0, completed=True,
+                 start_timestamp=0.0, end_timestamp=1.0, duration_s=1.0,
+                 figures={"mean_tpot_ms": v, "std_tpot_ms": std, "tpot_samples": float(n), "p50_tpot_ms": v,
+                          "p99_tpot_ms": v * 1.1, "mean_itl_ms": v + 0.01, "p50_itl_ms": v, "p99_itl_ms": v * 1.2})
+        for k, v in enumerate(tpots, start=1)
+    ]  # fmt: skip
+    return Trial(index=index, name=name, profile="p", adapters=adapters, status="done", runs=runs,
+                 figures=aggregate(runs))  # fmt: skip
+
+
+def result(incs: dict[int, float], base: float = 5.0, **kw: float) -> ExperimentResult:
+    trials = [trial(0, "base", [base], [], **kw)]  # type: ignore[arg-type]
+    trials += [trial(i, f"r{r}", [base + inc], [f"r{r}"], **kw) for i, (r, inc) in enumerate(incs.items(), 1)]  # type: ignore[arg-type]
+    res = ExperimentResult(
+        run_id="x",
+        experiment=ExperimentInfo(name="lora-rank", source="x.yaml", sha256="0" * 64, repeats=1, time_scale=1.0,
+                                  users_scale=1.0, analysis="lora_rank"),
+        server=ServerInfo(mode="sim"),
+        start_time="2026-12-05T00:00:00Z",
+        adapters=[record(r) for r in incs],
+        trials=trials,
+    )  # fmt: skip
+    return analyse(SPEC, load_slos())(res)
+
+
+def finding(res: ExperimentResult) -> tuple[bool | None, str]:
+    (f,) = res.findings
+    assert f.name == "sub_linear"
+    return f.passed, f.detail
+
+
+def test_the_table_has_sizes_latency_and_the_increment_per_rank() -> None:
+    res = result({2: 1.2, 8: 2.9, 32: 6.7})
+    rows = res.tables[0].rows
+    assert [r["rank"] for r in rows] == [0, 2, 8, 32]
+    assert [r["adapter"] for r in rows] == [None, "r2", "r8", "r32"]
+    assert [r["formula_mib"] for r in rows] == [None, 2.0, 8.0, 32.0]
+    assert rows[2]["file_mib"] == 8 + 2048 / 1024 / 1024
+    assert [r["mean_tpot_ms"] for r in rows] == [5.0, 6.2, 7.9, 11.7]
+    assert [r["increment_mean_tpot_ms"] for r in rows] == pytest.approx([None, 1.2, 2.9, 6.7])
+    assert rows[3]["increment_mean_tpot_ms_pct"] == pytest.approx(6.7 / 5.0)
+    assert rows[1]["increment_mean_itl_ms"] == pytest.approx(1.2) and rows[1]["increment_itl_pct"] == pytest.approx(
+        1.2 / 5.01
+    )
+    assert rows[0]["increment_mean_tpot_ms"] is None and rows[0]["fit"] is None
+    assert (rows[1]["p99_tpot_ms"], rows[1]["p99_itl_ms"]) == pytest.approx((6.2 * 1.1, 6.2 * 1.2))
+    # one run of 2500 samples with std 0.5: standard error 0.01 ms per trial, the increment's √2 of it
+    assert rows[1]["mean_tpot_ms_se"] == pytest.approx(0.01)
+    assert rows[1]["increment_mean_tpot_ms_se"] == pytest.approx(0.01 * math.sqrt(2))
+    assert [p.name for p in res.plots] == ["latency", "increment"] and res.plots[1].fit == "increment"
+
+
+def test_the_guides_figures_fit_a_sub_linear_power_law() -> None:
+    """1.2 / 2.9 / 6.7 ms at r = 2 / 8 / 32: slopes ln(2.9/1.2)/ln 4 = 0.637 and ln(6.7/2.9)/ln 4 = 0.604."""
+    res = result({2: 1.2, 8: 2.9, 32: 6.7})
+    (fit,) = res.fits
+    assert fit.error is None and fit.formula == "a*x^b" and fit.points == 3
+    expected_b = math.log(6.7 / 1.2) / math.log(16)  # the least-squares slope of three log-spaced points
+    assert fit.params["b"] == pytest.approx(expected_b)
+    assert fit.r2 is not None and fit.r2 > 0.999
+    assert fit.params_err["b"] > 0 and fit.params["b"] + fit.params_err["b"] < 1
+    passed, detail = finding(res)
+    assert passed is True and "b below 1 by more than its uncertainty" in detail
+    assert res.tables[1].name == "fit" and res.tables[1].rows[0]["b"] == pytest.approx(expected_b)
+    assert len(fit.curve) == 60 and fit.curve[0][0] == 2.0 and fit.curve[-1][0] == pytest.approx(32.0)
+
+
+def test_a_linear_increment_fails() -> None:
+    passed, detail = finding(result({2: 0.5, 8: 2.0, 32: 8.0}))
+    assert passed is False and "b >= 1" in detail
+
+
+def test_b_within_its_uncertainty_of_1_is_not_judged() -> None:
+    """b = 0.95 exactly (no residual), but the increments' standard errors (std 20 ms over 2500 samples: 0.4 ms
+    per trial) make b's uncertainty larger than 0.05."""
+    incs = {r: 2.0 * (r / 2) ** 0.95 for r in (2, 8, 32)}
+    passed, detail = finding(result(incs, std=20.0))
+    assert passed is None and "within its uncertainty of 1" in detail
+
+
+@pytest.mark.parametrize(
+    ("incs", "why"),
+    [
+        ({2: -0.1, 8: 2.0, 32: 5.0}, "increment <= 0 or within 2 standard errors of it at r=2 (-0.1 ms ± 0.014)"),
+        ({2: 0.02, 8: 2.0, 32: 5.0}, "increment <= 0 or within 2 standard errors of it at r=2 (+0.02 ms ± 0.014)"),
+        ({8: 2.0, 32: 5.0}, "needs at least 3 ranks with an increment, got 2"),
+    ],
+)
+def test_unusable_points_are_not_judged(incs: dict[int, float], why: str) -> None:
+    res = result(incs)
+    passed, detail = finding(res)
+    assert passed is None and detail == f"not judged: {why}"
+    assert res.fits[0].error == why and res.fits[0].params == {} and len(res.tables) == 1
+
+
+def test_no_base_trial_is_not_judged() -> None:
+    res = result({2: 1.0, 8: 2.0, 32: 4.0})
+    res.trials[0].status = "failed"
+    analyse(SPEC, load_slos())(res)
+    assert finding(res) == (None, "not judged: no done trial without adapters (the base)")
+
+
+def test_power_fit_standard_errors() -> None:
+    """Exact points: zero residual error; the measured error is Σ(u−ū)²(σ/y)²/Sxx² in log space."""
+    xs, ys = [2.0, 8.0, 32.0], [1.0, 2.0, 4.0]  # b = 0.5
+    fit = fit_power_law(xs, ys, [0.1, 0.1, 0.1])
+    assert (fit.a, fit.b, fit.r2) == pytest.approx((1 / math.sqrt(2), 0.5, 1.0))
+    assert fit.b_se_residual == pytest.approx(0.0, abs=1e-12)
+    u = [math.log(x) for x in xs]
+    sxx = sum((v - u[1]) ** 2 for v in u)
+    assert fit.b_se_measured == pytest.approx(math.sqrt(((u[0] - u[1]) ** 2 * 0.01 + (u[2] - u[1]) ** 2 * 0.0025 / 4)
+                                                        / sxx**2))  # fmt: skip
+    assert fit.b_err == pytest.approx(2 * fit.b_se_measured)
+    scattered = fit_power_law(xs, [1.0, 2.5, 4.0])
+    assert scattered.b_se_residual is not None and scattered.b_se_residual > 0 and scattered.b_se_measured == 0.0
+    for bad in (([2.0, 2.0], [1.0, 2.0]), ([2.0, 8.0], [0.0, 1.0]), ([2.0], [1.0, 2.0])):
+        with pytest.raises(PowerFitError):
+            fit_power_law(*bad)
+
+
+def test_standard_error_takes_the_larger_of_within_and_between_repeats() -> None:
+    quiet = trial(0, "t", [5.0, 5.0], [], std=0.5, n=2500)  # within: √2·0.01/2, between: 0
+    assert standard_error(quiet, "mean_tpot_ms") == pytest.approx(math.sqrt(2) * 0.01 / 2)
+    spread = trial(0, "t", [5.0, 6.0], [], std=0.5, n=2500)  # between: 0.7071/√2 = 0.5
+    assert standard_error(spread, "mean_tpot_ms") == pytest.approx(0.5)
+    assert standard_error(spread, "p99_tpot_ms") == pytest.approx(0.55)  # only between repeats: 0.7778/√2
+
+
+def test_the_packaged_experiment_expands_to_a_base_and_one_trial_per_rank() -> None:
+    from loadlens.experiment.models import expand_adapters, expand_trials
+
+    exp = load_experiment("lora-rank")
+    assert exp.spec.analysis.kind == "lora_rank" and exp.spec.analysis.y == "mean_tpot_ms"
+    assert [(a.name, a.rank, a.alpha, a.target_modules) for a in expand_adapters(exp)] == [
+        ("r2", 2, 16.0, ("q_proj", "v_proj")), ("r8", 8, 16.0, ("q_proj", "v_proj")),
+        ("r32", 32, 16.0, ("q_proj", "v_proj")),
+    ]  # fmt: skip
+    assert [(t.name, t.profile, t.adapters) for t in expand_trials(exp)] == [
+        ("base", "base", ()), ("r2", "adapter", ("r2",)), ("r8", "adapter", ("r8",)), ("r32", "adapter", ("r32",)),
+    ]  # fmt: skip
+    assert [t.name for t in expand_trials(exp.with_parameters({"ranks": "4,16"}))] == ["base", "r4", "r16"]
