@@ -42,6 +42,23 @@ NOISE_SIGMAS = 2.0
 errors."""
 FORMULA = "a*x^b"
 MIB = 1024 * 1024
+LATENCY = ["mean_tpot_ms", "mean_itl_ms"]
+"""Shown for every trial with their increments, beside the fitted figure ``y``."""
+PERCENTILES = ["p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms"]
+LABELS = {
+    "mean_tpot_ms": "mean TPOT",
+    "median_tpot_ms": "median TPOT",
+    "mean_itl_ms": "mean token ITL",
+    "median_itl_ms": "median token ITL",
+    "p50_tpot_ms": "TPOT p50",
+    "p99_tpot_ms": "TPOT p99",
+    "p50_itl_ms": "ITL p50",
+    "p99_itl_ms": "ITL p99",
+}
+P90_Z = 1.2816
+"""The 90th percentile of the standard normal distribution."""
+MEDIAN_SE = math.sqrt(math.pi / 2)
+"""The standard error of a sample median is about √(π/2) x that of the mean (normal samples)."""
 
 
 class PowerFitError(ValueError):
@@ -109,21 +126,34 @@ def _stat(trial: Trial, key: str) -> float | None:
     return None if stat is None else stat.mean
 
 
+def spread(figures: dict[str, float | None], name: str, *, robust: bool) -> float | None:
+    """The samples' standard deviation (``std_X_ms``); ``robust``: (p90 − p50) / 1.2816, the standard
+    deviation a normal distribution with those percentiles has, which the top tenth of the samples (a stalled
+    host's long gaps) does not move; the plain one when the percentiles are missing."""
+    p50, p90 = figures.get(f"p50_{name}_ms"), figures.get(f"p90_{name}_ms")
+    if robust and p50 is not None and p90 is not None and p90 > p50:
+        return (p90 - p50) / P90_Z
+    return figures.get(f"std_{name}_ms")
+
+
 def standard_error(trial: Trial, key: str) -> float | None:
-    """The standard error of a trial's ``key`` (a mean over its requests' or tokens' samples, and over its
-    repeats): the larger of the within-run one (``std_X`` / √``X_samples`` of each run for ``mean_X_ms``,
-    combined over the repeats) and the between-repeat one (the repeats' standard deviation / √repeats)."""
+    """The standard error of a trial's ``key`` (a mean or median over its requests' or tokens' samples, and
+    over its repeats): the larger of the within-run one (``std_X`` / √``X_samples`` of each run for
+    ``mean_X_ms``; √(π/2) x the robust spread / √``X_samples`` for ``median_X_ms`` and ``p50_X_ms``; combined
+    over the repeats) and the between-repeat one (the repeats' standard deviation / √repeats)."""
     runs = [r for r in trial.runs if r.error is None]
     within: float | None = None
-    if key.startswith("mean_") and key.endswith("_ms") and runs:
-        name = key[len("mean_") : -len("_ms")]
+    prefix = next((p for p in ("mean_", "median_", "p50_") if key.startswith(p)), None)
+    if prefix is not None and key.endswith("_ms") and runs:
+        name = key[len(prefix) : -len("_ms")]
+        factor = 1.0 if prefix == "mean_" else MEDIAN_SE
         ses: list[float] = []
         for r in runs:
-            std, count = r.figures.get(f"std_{name}_ms"), r.figures.get(f"{name}_samples")
+            std, count = spread(r.figures, name, robust=prefix != "mean_"), r.figures.get(f"{name}_samples")
             if std is None or not count:
                 ses = []
                 break
-            ses.append(std / math.sqrt(count))
+            ses.append(factor * std / math.sqrt(count))
         if ses:
             within = math.sqrt(sum(s * s for s in ses)) / len(ses)
     stat = trial.figures.get(key)
@@ -142,28 +172,28 @@ def _minus(a: float | None, b: float | None) -> float | None:
 
 def lora_rank_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig) -> None:
     y = spec.y
+    shown = list(dict.fromkeys([y, *LATENCY]))
     done = [t for t in result.trials if t.status == "done"]
     records: dict[str, AdapterRecord] = {a.name: a for a in result.adapters}
     base = next((t for t in done if not t.adapters), None)
     ranked = [(records[t.adapters[0]], t) for t in done if len(t.adapters) == 1 and t.adapters[0] in records]
     ranked.sort(key=lambda pair: pair[0].rank)
-    base_y = _stat(base, y) if base is not None else None
     base_se = standard_error(base, y) if base is not None else None
-    base_itl = _stat(base, "mean_itl_ms") if base is not None else None
     rows: list[dict[str, Scalar]] = []
     if base is not None:
-        rows.append(_row(base, None, y, None, None, None))
+        rows.append(_row(base, None, y, shown, None))
     points: list[tuple[float, float, float]] = []
     unusable: list[str] = []
     for record, t in ranked:
-        inc = _minus(_stat(t, y), base_y)
+        row = _row(t, record, y, shown, base)
+        rows.append(row)
+        inc = row[f"increment_{y}"]
         se_t = standard_error(t, y)
         inc_se = math.hypot(se_t, base_se) if se_t is not None and base_se is not None else None
-        rows.append(_row(t, record, y, inc, inc_se, _minus(_stat(t, "mean_itl_ms"), base_itl)))
-        rows[-1][f"increment_{y}_pct"] = _ratio(inc, base_y)
-        rows[-1]["increment_itl_pct"] = _ratio(rows[-1]["increment_mean_itl_ms"], base_itl)  # type: ignore[arg-type]
-        if inc is None or inc <= 0 or inc_se is None or inc <= NOISE_SIGMAS * inc_se:
-            why = "no figure" if inc is None else f"{inc:+.4g} ms" + (f" ± {inc_se:.2g}" if inc_se is not None else "")
+        row[f"increment_{y}_se"] = inc_se
+        if not isinstance(inc, float) or inc <= 0 or inc_se is None or inc <= NOISE_SIGMAS * inc_se:
+            why = "no figure" if not isinstance(inc, float) else f"{inc:+.4g} ms" + (
+                f" ± {inc_se:.2g}" if inc_se is not None else "")  # fmt: skip
             unusable.append(f"r={record.rank} ({why})")
         else:
             points.append((float(record.rank), inc, inc_se))
@@ -189,16 +219,16 @@ def lora_rank_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfig
                 row["fit"] = power.predict(float(row["rank"]))
     result.tables = [
         Table(name="ranks", title="guide 2.1: per-token latency and its increment per LoRA rank (means over repeats)",
-              columns=_columns(y), rows=rows),
-        Table(name="detail", title="per trial: percentiles, standard errors, token ITL increment",
-              columns=_detail_columns(y), rows=rows),
+              columns=_columns(y, shown), rows=rows),
+        Table(name="detail", title="per trial: percentiles, standard errors, the other figures' increments",
+              columns=_detail_columns(y, shown), rows=rows),
     ]  # fmt: skip
     if power is not None:
         result.tables.append(_fit_table(power, y))
     result.fits = [fit]
     result.plots = [
         Plot(name="latency", title="per-token latency vs rank (rank 0: the base model)", x="rank", x_label="rank r",
-             y=[y, "mean_itl_ms"], y_label="ms"),
+             y=shown, y_label="ms"),
         Plot(name="increment", title=f"increment over the base vs rank, fit {FORMULA}", x="rank", x_label="rank r",
              y=[f"increment_{y}"], y_label="ms", fit="increment"),
     ]  # fmt: skip
@@ -218,59 +248,54 @@ def sub_linear_finding(power: PowerFit | None, error: str | None) -> Finding:
     return Finding(name=name, passed=None, detail=f"not judged: {what}: b is within its uncertainty of 1")
 
 
-def _row(t: Trial, record: AdapterRecord | None, y: str, inc: float | None, inc_se: float | None,
-         inc_itl: float | None) -> dict[str, Scalar]:  # fmt: skip
-    return {
+def _row(t: Trial, record: AdapterRecord | None, y: str, shown: list[str], base: Trial | None) -> dict[str, Scalar]:
+    row: dict[str, Scalar] = {
         "rank": 0 if record is None else record.rank,
         "trial": t.name,
         "adapter": None if record is None else record.name,
         "formula_mib": None if record is None else record.formula_bytes / MIB,
         "file_mib": None if record is None else record.file_bytes / MIB,
-        y: _stat(t, y),
         f"{y}_se": standard_error(t, y),
-        "p50_tpot_ms": _stat(t, "p50_tpot_ms"),
-        "p99_tpot_ms": _stat(t, "p99_tpot_ms"),
-        "mean_itl_ms": _stat(t, "mean_itl_ms"),
-        "p50_itl_ms": _stat(t, "p50_itl_ms"),
-        "p99_itl_ms": _stat(t, "p99_itl_ms"),
-        f"increment_{y}": inc,
-        f"increment_{y}_se": inc_se,
-        f"increment_{y}_pct": None,
-        "increment_mean_itl_ms": inc_itl,
-        "increment_itl_pct": None,
+        **{k: _stat(t, k) for k in PERCENTILES},
+        f"increment_{y}_se": None,
         "fit": None,
     }
+    for key in shown:
+        value = _stat(t, key)
+        ref = _stat(base, key) if base is not None else None
+        row[key] = value
+        row[f"increment_{key}"] = _minus(value, ref) if base is not None else None
+        row[f"increment_{key}_pct"] = _ratio(row[f"increment_{key}"], ref)  # type: ignore[arg-type]
+    return row
 
 
-def _columns(y: str) -> list[Column]:
+def _columns(y: str, shown: list[str]) -> list[Column]:
     """The guide's table (rank | extra params | mean per-token latency) plus the increment."""
     return [
         Column(key="rank", label="rank r"),
         Column(key="formula_mib", label="extra params (formula)", unit="MiB"),
         Column(key="file_mib", label="adapter file", unit="MiB"),
-        Column(key=y, label=y, unit="ms"),
-        Column(key="mean_itl_ms", label="mean token ITL", unit="ms"),
-        Column(key=f"increment_{y}", label="increment over the base", unit="ms"),
+        *(Column(key=k, label=LABELS.get(k, k), unit="ms") for k in shown),
+        Column(key=f"increment_{y}", label=f"{LABELS.get(y, y)} increment over the base", unit="ms"),
         Column(key=f"increment_{y}_pct", label="increment / base"),
         Column(key="fit", label=f"fit {FORMULA}", unit="ms"),
     ]
 
 
-def _detail_columns(y: str) -> list[Column]:
-    """Per trial: percentiles, standard errors and the token-ITL increment."""
+def _detail_columns(y: str, shown: list[str]) -> list[Column]:
+    """Per trial: percentiles, standard errors and the other figures' increments."""
     return [
         Column(key="rank", label="rank r"),
         Column(key="trial", label="trial"),
         Column(key="adapter", label="adapter"),
-        Column(key=f"{y}_se", label=f"{y} standard error", unit="ms"),
-        Column(key="p50_tpot_ms", label="TPOT p50", unit="ms"),
-        Column(key="p99_tpot_ms", label="TPOT p99", unit="ms"),
-        Column(key="p50_itl_ms", label="ITL p50", unit="ms"),
-        Column(key="p99_itl_ms", label="ITL p99", unit="ms"),
+        Column(key=f"{y}_se", label=f"{LABELS.get(y, y)} standard error", unit="ms"),
+        *(Column(key=k, label=LABELS.get(k, k), unit="ms") for k in PERCENTILES),
         Column(key=f"increment_{y}_se", label="increment standard error", unit="ms"),
-        Column(key="increment_mean_itl_ms", label="ITL increment", unit="ms"),
-        Column(key="increment_itl_pct", label="ITL increment / base"),
-    ]
+        *(c for k in shown if k != y for c in (
+            Column(key=f"increment_{k}", label=f"{LABELS.get(k, k)} increment", unit="ms"),
+            Column(key=f"increment_{k}_pct", label=f"{LABELS.get(k, k)} increment / base"),
+        )),
+    ]  # fmt: skip
 
 
 def _fit_table(power: PowerFit, y: str) -> Table:
