@@ -426,6 +426,23 @@ class ExperimentRunner:
             run.error = "the run did not complete every stage"
         return run
 
+    def prepared_run(self, trial: PlannedTrial, record: Trial, repeat: int) -> TrialRun:
+        """The server configured for ``trial`` (knobs, a started server, adapters), one load run, the
+        configuration undone; raises :class:`ServerError` when the server cannot be configured."""
+        t0 = time.monotonic()
+        try:
+            url = self.server.prepare(trial)
+            prepared = time.monotonic() - t0
+            record.target = url
+            run = self._run_load(trial, url, repeat)
+            run.prepare_s = round(prepared, 3)
+            return run
+        finally:
+            self.server.finish(trial)
+            for warning in self.server.warnings:
+                self.say(f"experiment {self.exp.spec.name}: warning: {warning}")
+            self.server.warnings.clear()
+
     def run(self) -> ExperimentResult:
         """Every unfinished trial in order; raises :class:`Interrupted` after writing what finished."""
         self.result = self.result or self._fresh()
@@ -461,16 +478,12 @@ class ExperimentRunner:
                 )
                 t0 = time.monotonic()
                 try:
-                    url = self.server.prepare(trial)
-                    record.target = url
-                    run = self._run_load(trial, url, repeat)
+                    run = self.prepared_run(trial, record, repeat)
                 except ServerError as err:
                     record.status, record.error = "failed", str(err)
                     self.say(f"experiment {self.exp.spec.name}: trial {trial.name} failed: {err}")
                     self.write()
                     continue
-                finally:
-                    self.server.finish(trial)
                 elapsed_runs.append(time.monotonic() - t0)
                 self._finished.append((trial, repeat))
                 record.runs.append(run)

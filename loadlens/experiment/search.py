@@ -161,15 +161,11 @@ class SearchRunner(ExperimentRunner):
                     )
                     t0 = time.monotonic()
                     try:
-                        url = self.server.prepare(planned)
-                        record.target = url
-                        run = self._run_load(planned, url, repeat)
+                        run = self.prepared_run(planned, record, repeat)
                     except ServerError as err:
                         record.status, record.error = "failed", str(err)
                         self.write()
                         raise SearchFailed(str(err)) from err
-                    finally:
-                        self.server.finish(planned)
                     run_times.append(time.monotonic() - t0)
                     record.runs.append(run)
                     record.figures = aggregate(record.runs)
