@@ -110,7 +110,10 @@ def table(doc: dict[str, Any]) -> str:
     cells = [head, *[tuple(str(c) for c in r) for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     lines = [f"adapter {doc['out']}: rank {doc['rank']}, alpha {doc['alpha']:g}, {doc['dtype']}, B {doc['init_b']}"]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines += [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in cells
+    ]
     lines.append(
         f"file adapter_model.safetensors: {doc['file_bytes']} bytes ({doc['file_bytes'] / MIB:.3f} MiB) = "
         f"{doc['tensor_bytes']} tensor bytes ({doc['tensors']} tensors) + {doc['header_bytes']} header bytes; "
