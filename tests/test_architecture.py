@@ -152,6 +152,7 @@ def test_gpu_exporter_command_imports_no_serving_or_load_stack() -> None:
         ("locust", ["load", "--profile", "quick", "--host", "http://127.0.0.1:9"], "load"),
         ("matplotlib", ["report", "--results", "x.json", "--out", "y"], "report"),
         ("matplotlib", ["report", "--help"], "report"),  # its module may not import: even --help says why
+        ("numpy", ["lora", "make", "tiny", "--out", "never-written"], "lora"),
         ("fastapi", ["gpu-exporter", "--help"], None),  # the base install's own command
     ],
 )

@@ -106,11 +106,12 @@ def from_config_file(path: Path) -> BaseShape:
 
 
 def from_profile(name: str) -> BaseShape:
-    """A packaged sim model profile (or a profile YAML file): the shapes the sim's LoRA cost model uses."""
+    """A packaged sim model profile (or a profile YAML file): the shapes the sim's LoRA cost model uses. The
+    sim's profile loader needs only the base install (pydantic, PyYAML)."""
     try:
         from exporters.serving.engines.sim.profile import LINEAR_MODULES, ProfileError, load_model_profile
     except ImportError as err:
-        raise ShapeError(f"reading a sim model profile needs the 'serve' extra ({err.name} not installed)") from err
+        raise ShapeError(f"cannot read sim model profiles: {err.name} is not installed") from err
     try:
         profile = load_model_profile(name)
     except ProfileError as err:
