@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -115,3 +116,18 @@ def test_moe_config_lacks_mlp_modules(tmp_path: Path, capsys: pytest.CaptureFixt
     err = bad([str(config), "--out", str(tmp_path / "o"), "--target-modules", "up_proj"], capsys)
     reason = f"target module 'up_proj' is not a linear layer of {config} (known: q_proj, k_proj, v_proj, o_proj)"
     assert err == f"loadlens lora: error: {reason}\n"
+
+
+def test_docs_name_every_flag_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadlens.cli import build_parser
+    from tests.support.paths import ROOT
+
+    docs = (ROOT / "docs" / "lora.md").read_text(encoding="utf-8")
+    sub = next(a for a in build_parser("lora")._actions if isinstance(a, argparse._SubParsersAction))
+    make = next(a for a in sub.choices["lora"]._actions if isinstance(a, argparse._SubParsersAction)).choices["make"]
+    flags = [f for a in make._actions for f in a.option_strings if f.startswith("--") and f != "--help"]
+    assert len(flags) == 10
+    assert [f for f in flags if f"`{f}" not in docs] == []
+    assert main(["lora", "make", "tiny", "--out", str(tmp_path / "a"), "--json"]) == 0
+    keys = [*json.loads(capsys.readouterr().out), "params_per_layer", "d_in", "d_out"]
+    assert [k for k in keys if f"`{k}`" not in docs] == []

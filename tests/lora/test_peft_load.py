@@ -26,7 +26,8 @@ def base(tmp_path: Path) -> tuple[Path, Any]:
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
     model_dir = tmp_path / "base"
     config.save_pretrained(model_dir)  # only config.json: lora make reads the shape from it
-    return model_dir, LlamaForCausalLM(config).eval()
+    model: Any = LlamaForCausalLM(config)
+    return model_dir, model.eval()
 
 
 def peft_logits(model: Any, adapter: Path, ids: Any) -> tuple[Any, dict[str, Any]]:
