@@ -36,8 +36,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.demo": (*BASE, "loadlens.stack"),
     "loadlens.train_demo": (*BASE, "loadlens.stack"),
     "loadlens.codegen": (*BASE, "loadlens.alerting", "loadlens.dashboards"),
-    # lora make reads a sim model profile's shapes (the sim's LoRA cost model reads the same ones).
-    "loadlens.lora": (*BASE, "exporters.serving"),
+    "loadlens.lora": BASE,
     "loadlens.cli": BASE,
     "loadlens": (),  # loadlens/__init__.py: the version only
     "exporters": (),

@@ -1,5 +1,5 @@
 """A base model's LoRA-targetable linear modules and their shapes, from a Hugging Face ``config.json``, a
-model directory holding one, or a packaged sim model profile (docs/lora.md).
+model directory holding one, or a model profile (packaged name or YAML; the sim's own) (docs/lora.md).
 
 Llama-style decoders only (Llama, Qwen2/3, Mistral, DeepSeek's Llama-shaped models): the attention projections
 ``q_proj``/``k_proj``/``v_proj``/``o_proj`` under ``self_attn`` and the MLP's ``gate_proj``/``up_proj``/
@@ -14,13 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadlens.contracts.model_profile import LINEAR_MODULES, load_model_profile
+from loadlens.contracts.profile_schema import ProfileError
+
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 # Keys that mark a mixture-of-experts config (Mixtral, Qwen2-MoE, DeepSeek-MoE): its MLP is not one dense block.
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
-class ShapeError(ValueError):
+class LoraError(ValueError):
+    """Bad input to ``make_adapter`` or ``loadlens lora make`` (the CLI exits 2 with it); the message is one
+    line."""
+
+
+class ShapeError(LoraError):
     """The base model cannot be read or sized; the message is one line."""
 
 
@@ -106,12 +114,8 @@ def from_config_file(path: Path) -> BaseShape:
 
 
 def from_profile(name: str) -> BaseShape:
-    """A packaged sim model profile (or a profile YAML file): the shapes the sim's LoRA cost model uses. The
-    sim's profile loader needs only the base install (pydantic, PyYAML)."""
-    try:
-        from exporters.serving.engines.sim.profile import LINEAR_MODULES, ProfileError, load_model_profile
-    except ImportError as err:
-        raise ShapeError(f"cannot read sim model profiles: {err.name} is not installed") from err
+    """A packaged model profile (or a profile YAML file): the shapes the sim's LoRA cost model uses too
+    (``loadlens/contracts/model_profile.py``)."""
     try:
         profile = load_model_profile(name)
     except ProfileError as err:

@@ -10,8 +10,8 @@ import pytest
 
 from exporters.serving.engine import LoRARequest
 from exporters.serving.engines.sim.lora_adapters import read_adapter
-from exporters.serving.engines.sim.profile import load_model_profile
 from loadlens.cli import main
+from loadlens.contracts.model_profile import load_model_profile
 
 
 @pytest.mark.parametrize(("profile", "targets"), [("tiny", "all-linear"), ("qwen2-72b", "q_proj,v_proj")])

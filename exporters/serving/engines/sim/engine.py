@@ -65,7 +65,7 @@ from exporters.serving.engines.sim.live_request import (
     output_rng,
 )
 from exporters.serving.engines.sim.lora_adapters import AdapterRegistry
-from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
+from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.sched_types import Adapter, SchedRequest
 from exporters.serving.engines.sim.scheduler import Scheduler
 from exporters.serving.engines.sim.step_pricing import price_step
@@ -73,6 +73,7 @@ from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.timer import DeadlineTimer, Timer
 from exporters.serving.engines.sim.tokenizer import make_words, stable_seed
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
+from loadlens.contracts.model_profile import ModelProfile
 
 if TYPE_CHECKING:  # the registry only passes through to the Prometheus logger
     from prometheus_client import CollectorRegistry

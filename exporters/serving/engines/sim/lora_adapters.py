@@ -12,8 +12,8 @@ from typing import Any
 
 from exporters.serving.engine import EngineError, ErrorKind, GenerationRequest, LoRARequest, ModelCard
 from exporters.serving.engines.sim import roofline
-from exporters.serving.engines.sim.profile import LINEAR_MODULES, ModelProfile
 from exporters.serving.engines.sim.sched_types import Adapter
+from loadlens.contracts.model_profile import LINEAR_MODULES, ModelProfile
 
 _ATTENTION = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
 """Linear modules under ``self_attn`` in a Hugging Face Llama-style name (the rest are under ``mlp``)."""
