@@ -84,7 +84,7 @@ def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "o")
     assert bad(["nope", "--out", out], capsys).startswith("loadlens lora: error: unknown model profile 'nope'")
     assert (
-        bad(["tiny", "--out", out, "--rank", "0"], capsys) == "loadlens lora: error: --rank must be at least 1, got 0\n"
+        bad(["tiny", "--out", out, "--rank", "0"], capsys) == "loadlens lora: error: rank must be at least 1, got 0\n"
     )
     assert bad(["tiny", "--out", out, "--target-modules", "q_proj,lm_head"], capsys) == (
         "loadlens lora: error: target module 'lm_head' is not a linear layer of tiny "
@@ -95,17 +95,17 @@ def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert bad(["tiny", "--out", str(blocker / "sub")], capsys).startswith(
-        f"loadlens lora: error: --out {blocker / 'sub'}: cannot create:"
+        f"loadlens lora: error: out directory {blocker / 'sub'}: cannot create:"
     )
     assert (
         bad(["tiny", "--out", str(blocker)], capsys)
-        == f"loadlens lora: error: --out {blocker}: exists and is not a directory\n"
+        == f"loadlens lora: error: out directory {blocker}: exists and is not a directory\n"
     )
     full = tmp_path / "full"
     full.mkdir()
     (full / "x").write_text("")
     assert bad(["tiny", "--out", str(full)], capsys) == (
-        f"loadlens lora: error: --out {full}: directory is not empty (use --force to write into it)\n"
+        f"loadlens lora: error: out directory {full}: directory is not empty (--force, or force=True, writes into it)\n"
     )
 
 
