@@ -4,9 +4,11 @@ model cards). Where an adapter's weights live (host cache, GPU slots) is the sch
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,15 @@ def target_modules(raw: Any, model: ModelProfile, bad: Callable[[str], EngineErr
     if not found:
         raise bad(f"target_modules {raw!r} matches no linear layer of {model.name}")
     return found
+
+
+@dataclass(eq=False, slots=True)
+class AdapterOp:
+    """An adapter load waiting for the engine loop (``SimEngine.load_adapter``)."""
+
+    adapter: Adapter
+    enqueued: float
+    done: asyncio.Future[None]
 
 
 class AdapterRegistry:
