@@ -32,7 +32,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.pager": BASE,
     "loadlens.stack": (*BASE, "loadlens.alerting"),
     "loadlens.report": (*BASE, "loadlens.dashboards"),
-    "loadlens.experiment": (*BASE, "loadlens.report"),  # report.html: the report's experiment renderer
+    # report.html: the report's experiment renderer; adapters: lora make's make_adapter writes an experiment's
+    "loadlens.experiment": (*BASE, "loadlens.report", "loadlens.lora"),
     "loadlens.demo": (*BASE, "loadlens.stack"),
     "loadlens.train_demo": (*BASE, "loadlens.stack"),
     "loadlens.codegen": (*BASE, "loadlens.alerting", "loadlens.dashboards"),
