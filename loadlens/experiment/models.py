@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from loadlens.util.packaged import UnknownName, packaged_names, resolve_packaged
+from loadlens.contracts.packaged import UnknownName, packaged_names, resolve_packaged
 
 PACKAGED = Path(__file__).with_name("experiments")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,62}$")
@@ -408,7 +408,7 @@ def available_experiments() -> list[str]:
 
 
 def resolve_experiment_path(name_or_path: str) -> Path:
-    """A packaged experiment name or a YAML path (the rule of ``loadlens/util/packaged.py``)."""
+    """A packaged experiment name or a YAML path (the rule of ``loadlens/contracts/packaged.py``)."""
     try:
         return resolve_packaged(name_or_path, PACKAGED, "experiment")
     except UnknownName as err:
