@@ -22,8 +22,9 @@ import math
 import time
 
 from loadlens.contracts.experiment_result import ExperimentResult, Trial, TrialRun
+from loadlens.experiment.figures import aggregate
 from loadlens.experiment.models import Search, level_trial, search_value
-from loadlens.experiment.runner import ExperimentRunner, Interrupted, _duration, _now, aggregate
+from loadlens.experiment.runner import ExperimentRunner, Interrupted, _duration, _now
 from loadlens.experiment.servers import ServerError
 
 
