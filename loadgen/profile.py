@@ -6,7 +6,7 @@ Usage::
     profile = load_profile("my.yaml").scaled(users=0.5, time=0.1)
     profile.stages[0].name, profile.traffic[0].weight
 
-A name resolves by the one packaged-name-or-path rule (``loadlens/util/packaged.py``). The document is
+A name resolves by the one packaged-name-or-path rule (``loadlens/contracts/packaged.py``). The document is
 validated by pydantic models, one module per part: the traffic mix (``profile_traffic.py``), the stages
 (``profile_stages.py``), prompt files and traces (``profile_sources.py``), field types and distributions
 (``profile_fields.py``); this module holds the whole profile. Every problem raises :class:`ProfileError`
@@ -46,8 +46,8 @@ from loadgen.profile_traffic import TrafficEntry
 from loadgen.synthesis import ExactText
 from loadgen.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from loadgen.words import WORDS
+from loadlens.contracts.packaged import UnknownName, packaged_names, resolve_packaged
 from loadlens.contracts.yaml_document import Document, DocumentInvalid, Loc, Problem, dotted, fail, parse_yaml
-from loadlens.util.packaged import UnknownName, packaged_names, resolve_packaged
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 SCHEMA_VERSION = 1
@@ -264,7 +264,7 @@ def available_profiles() -> list[str]:
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
-    """A packaged profile name (``quick``) or a path to a YAML file (the rule of ``loadlens/util/packaged.py``)."""
+    """A packaged profile name (``quick``) or a path to a YAML file (the rule of ``loadlens/contracts/packaged.py``)."""
     try:
         return resolve_packaged(name_or_path, PROFILE_DIR, "profile")
     except UnknownName as err:

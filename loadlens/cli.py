@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "loadlens.report.cli",
     "experiment": "loadlens.experiment.cli",
     "compare": "loadlens.experiment.compare",
+    "lora": "loadlens.lora.cli",
 }
 
 
@@ -41,6 +42,7 @@ REQUIRES: dict[str, tuple[str, tuple[str, ...]]] = {
     "load": ("load", ("locust", "gevent", "geventhttpclient", "hdrh")),
     "report": ("report", ("matplotlib",)),
     "experiment": ("load", ("locust", "gevent", "geventhttpclient", "hdrh")),
+    "lora": ("lora", ("numpy",)),
 }
 
 

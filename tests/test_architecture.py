@@ -32,10 +32,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.pager": BASE,
     "loadlens.stack": (*BASE, "loadlens.alerting"),
     "loadlens.report": (*BASE, "loadlens.dashboards"),
-    "loadlens.experiment": (*BASE, "loadlens.report"),  # report.html: the report's experiment renderer
+    # report.html: the report's experiment renderer; adapters: lora make's make_adapter writes an experiment's
+    "loadlens.experiment": (*BASE, "loadlens.report", "loadlens.lora"),
     "loadlens.demo": (*BASE, "loadlens.stack"),
     "loadlens.train_demo": (*BASE, "loadlens.stack"),
     "loadlens.codegen": (*BASE, "loadlens.alerting", "loadlens.dashboards"),
+    "loadlens.lora": BASE,
     "loadlens.cli": BASE,
     "loadlens": (),  # loadlens/__init__.py: the version only
     "exporters": (),
@@ -150,6 +152,7 @@ def test_gpu_exporter_command_imports_no_serving_or_load_stack() -> None:
         ("locust", ["load", "--profile", "quick", "--host", "http://127.0.0.1:9"], "load"),
         ("matplotlib", ["report", "--results", "x.json", "--out", "y"], "report"),
         ("matplotlib", ["report", "--help"], "report"),  # its module may not import: even --help says why
+        ("numpy", ["lora", "make", "tiny", "--out", "never-written"], "lora"),
         ("fastapi", ["gpu-exporter", "--help"], None),  # the base install's own command
     ],
 )

@@ -69,6 +69,9 @@ class TrialRun(_Model):
     start_timestamp: float
     end_timestamp: float
     duration_s: float
+    prepare_s: float | None = None
+    """Seconds the trial's server configuration took before this run: knobs set, a ``--server-command``
+    server started until healthy, the trial's adapters loaded."""
     figures: dict[str, float | None] = Field(default_factory=dict)
     server: ServerSample = Field(default_factory=ServerSample)
     verdict_status: str | None = None

@@ -24,7 +24,7 @@ from typing import Any
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE, ExperimentResultError, parse_experiment_result
 from loadlens.contracts.results import RESULT_FILE, ResultsError, parse_result
 from loadlens.experiment.analysis.stats import welch
-from loadlens.experiment.runner import extract_figures
+from loadlens.experiment.figures import extract_figures
 from loadlens.util.cliutil import UsageError
 
 DEFAULT_FIGURES = [

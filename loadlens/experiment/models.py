@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from loadlens.util.packaged import UnknownName, packaged_names, resolve_packaged
+from loadlens.contracts.packaged import UnknownName, packaged_names, resolve_packaged
 
 PACKAGED = Path(__file__).with_name("experiments")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,62}$")
@@ -408,7 +408,7 @@ def available_experiments() -> list[str]:
 
 
 def resolve_experiment_path(name_or_path: str) -> Path:
-    """A packaged experiment name or a YAML path (the rule of ``loadlens/util/packaged.py``)."""
+    """A packaged experiment name or a YAML path (the rule of ``loadlens/contracts/packaged.py``)."""
     try:
         return resolve_packaged(name_or_path, PACKAGED, "experiment")
     except UnknownName as err:
@@ -443,9 +443,10 @@ def load_experiment(name_or_path: str) -> Experiment:
 
 
 def substitute(doc: Any, values: dict[str, Param]) -> Any:
-    """``doc`` with every string ``"${name}"`` replaced by ``values[name]`` (typed), recursively."""
+    """``doc`` with every string ``"${name}"`` replaced by ``values[name]`` (typed), recursively; a mapping key
+    ``"${name}"`` becomes ``str(values[name])`` (``adapters: {"${adapter}": 70, base: 30}``)."""
     if isinstance(doc, dict):
-        return {k: substitute(v, values) for k, v in doc.items()}
+        return {(str(substitute(k, values)) if isinstance(k, str) else k): substitute(v, values) for k, v in doc.items()}
     if isinstance(doc, list):
         return [substitute(v, values) for v in doc]
     if isinstance(doc, str) and doc.startswith("${") and doc.endswith("}"):

@@ -22,8 +22,9 @@ import math
 import time
 
 from loadlens.contracts.experiment_result import ExperimentResult, Trial, TrialRun
+from loadlens.experiment.figures import aggregate
 from loadlens.experiment.models import Search, level_trial, search_value
-from loadlens.experiment.runner import ExperimentRunner, Interrupted, _duration, _now, aggregate
+from loadlens.experiment.runner import ExperimentRunner, Interrupted, _duration, _now
 from loadlens.experiment.servers import ServerError
 
 
@@ -161,15 +162,11 @@ class SearchRunner(ExperimentRunner):
                     )
                     t0 = time.monotonic()
                     try:
-                        url = self.server.prepare(planned)
-                        record.target = url
-                        run = self._run_load(planned, url, repeat)
+                        run = self.prepared_run(planned, record, repeat)
                     except ServerError as err:
                         record.status, record.error = "failed", str(err)
                         self.write()
                         raise SearchFailed(str(err)) from err
-                    finally:
-                        self.server.finish(planned)
                     run_times.append(time.monotonic() - t0)
                     record.runs.append(run)
                     record.figures = aggregate(record.runs)

@@ -59,6 +59,8 @@ class ServerControl:
         self._original: dict[str, dict[str, Any]] = {}
         self.adapters: AdapterBook | None = None
         """The experiment's adapters: a trial's are loaded in :meth:`prepare`, unloaded in :meth:`finish`."""
+        self.warnings: list[str] = []
+        """What went wrong after a run without spoiling it (the runner prints and clears them)."""
 
     def describe(self) -> dict[str, Any]:
         return {"mode": self.mode, "target": self.url}
@@ -116,12 +118,14 @@ class ServerControl:
         self.unload_adapters(trial)
 
     def unload_adapters(self, trial: PlannedTrial) -> None:
+        """A failed unload keeps the run that just finished; it is told in :attr:`warnings` (the next trial
+        that loads the adapter then fails with the server's reason)."""
         if self.adapters is None or not trial.adapters:
             return
         try:
             self.adapters.unload(self._target(trial), trial.adapters, self.token)
         except AdapterLoadError as err:
-            raise ServerError(f"trial {trial.name}: unloading its adapters: {err}") from err
+            self.warnings.append(f"trial {trial.name}: unloading its adapters: {err}")
 
     def close(self) -> None:
         """Put back the knobs the experiment changed and unload the adapters it left loaded."""

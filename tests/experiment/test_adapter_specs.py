@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadlens.experiment.models import ExperimentError, expand_adapters, expand_trials, parse_experiment
+from loadlens.experiment.models import ExperimentError, expand_adapters, expand_trials, parse_experiment, substitute
 
 PROFILE: dict[str, Any] = {
     "version": 1,
@@ -115,3 +115,10 @@ def test_a_var_template_with_an_unknown_field_is_refused() -> None:
     d["trials"][0]["vars"] = {"adapter": "r{nope}"}
     with pytest.raises(ExperimentError, match=r"trials.0.vars.adapter: cannot fill 'r\{nope\}'"):
         parse(d)
+
+
+def test_a_placeholder_key_becomes_the_value_text_and_an_unknown_one_is_refused() -> None:
+    traffic = {"adapters": {"${adapter}": 70, "base": 30}}
+    assert substitute(traffic, {"adapter": "r8"}) == {"adapters": {"r8": 70, "base": 30}}
+    with pytest.raises(ExperimentError, match=r"profile variable \$\{adapter\} has no value"):
+        substitute(traffic, {})

@@ -18,7 +18,7 @@ from loadlens.contracts.experiment_result import (
     TrialRun,
     parse_experiment_result,
 )
-from loadlens.experiment.runner import aggregate, extract_figures
+from loadlens.experiment.figures import aggregate, extract_figures
 from loadlens.experiment.sampler import ServerSampler, parse_exposition
 from tests.support.paths import ROOT
 

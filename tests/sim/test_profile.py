@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from exporters.serving.engines.sim import ProfileError, list_profiles, load_gpu_profile, load_model_profile
-from exporters.serving.engines.sim.profile import GPU_DIR, MODEL_DIR
+from exporters.serving.engines.sim.profile import GPU_DIR
+from loadlens.contracts.model_profile import MODEL_DIR
 
 
 def test_packaged_profiles_are_listed_and_load() -> None:

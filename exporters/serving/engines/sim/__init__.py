@@ -14,14 +14,9 @@ from __future__ import annotations
 
 from exporters.serving.engines.sim.engine import SimEngine
 from exporters.serving.engines.sim.knobs import KNOB_NAMES, Knobs
-from exporters.serving.engines.sim.profile import (
-    GPUProfile,
-    ModelProfile,
-    ProfileError,
-    list_profiles,
-    load_gpu_profile,
-    load_model_profile,
-)
+from exporters.serving.engines.sim.profile import GPUProfile, list_profiles, load_gpu_profile
+from loadlens.contracts.model_profile import ModelProfile, load_model_profile
+from loadlens.contracts.profile_schema import ProfileError
 
 __all__ = [
     "KNOB_NAMES",

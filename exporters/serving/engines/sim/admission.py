@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from exporters.serving.engine import EngineError, ErrorKind, GenerationRequest
 from exporters.serving.engines.sim.knobs import Knobs
-from exporters.serving.engines.sim.profile import ModelProfile
 from exporters.serving.engines.sim.tokenizer import encode
+from loadlens.contracts.model_profile import ModelProfile
 
 
 @dataclass(frozen=True, slots=True)

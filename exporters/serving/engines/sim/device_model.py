@@ -10,9 +10,10 @@ from typing import Any
 from exporters.serving.engines.sim import roofline
 from exporters.serving.engines.sim.device import SimulatedGPU, device_state
 from exporters.serving.engines.sim.knobs import Knobs
-from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
+from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.roofline import BatchShape, StepCost
 from exporters.serving.engines.sim.sched_types import Adapter
+from loadlens.contracts.model_profile import ModelProfile
 
 
 def roofline_intensity(compute_seconds: float, slowest: float) -> float:

@@ -34,7 +34,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from exporters.serving.engine import (
@@ -64,8 +63,8 @@ from exporters.serving.engines.sim.live_request import (
     new_live_request,
     output_rng,
 )
-from exporters.serving.engines.sim.lora_adapters import AdapterRegistry
-from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
+from exporters.serving.engines.sim.lora_adapters import AdapterOp, AdapterRegistry
+from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.sched_types import Adapter, SchedRequest
 from exporters.serving.engines.sim.scheduler import Scheduler
 from exporters.serving.engines.sim.step_pricing import price_step
@@ -73,18 +72,12 @@ from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.timer import DeadlineTimer, Timer
 from exporters.serving.engines.sim.tokenizer import make_words, stable_seed
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
+from loadlens.contracts.model_profile import ModelProfile
 
 if TYPE_CHECKING:  # the registry only passes through to the Prometheus logger
     from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False, slots=True)
-class _AdapterOp:
-    adapter: Adapter
-    enqueued: float
-    done: asyncio.Future[None]
 
 
 class SimEngine(Engine):
@@ -140,8 +133,8 @@ class SimEngine(Engine):
         self._jitter_rng = random.Random(stable_seed("jitter", seed))
         self._adapters = AdapterRegistry(model, self.served_model_name)
         self._live = LiveRequests()
-        self._ops: deque[_AdapterOp] = deque()
-        self._current_op: _AdapterOp | None = None
+        self._ops: deque[AdapterOp] = deque()
+        self._current_op: AdapterOp | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: Timer | None = None
         self._idle: asyncio.Future[float] | None = None
@@ -435,7 +428,7 @@ class SimEngine(Engine):
             self._register(adapter)  # not serving yet: nothing to block
             return
         loop = asyncio.get_running_loop()
-        op = _AdapterOp(adapter, self._clock(), loop.create_future())
+        op = AdapterOp(adapter, self._clock(), loop.create_future())
         self._adapters.start_loading(adapter.name)
         self._ops.append(op)
         self._on_arrival(op.enqueued)
@@ -444,7 +437,7 @@ class SimEngine(Engine):
         finally:
             self._adapters.done_loading(adapter.name)
 
-    async def _adapter_op(self, op: _AdapterOp) -> None:
+    async def _adapter_op(self, op: AdapterOp) -> None:
         """Read an adapter into the host cache. vLLM runs ``add_lora`` on the engine-core loop between steps,
         so every request waits for it: this is the guide-2.4 hot-swap blocking window."""
         t0 = max(self._cursor, op.enqueued)

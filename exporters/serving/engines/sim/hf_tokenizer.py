@@ -38,8 +38,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporters.serving.engines.sim.profile import ModelProfile
 from exporters.serving.engines.sim.tokenizer import PIECE_CHARS, PIECE_CLASSES, PIECE_TEMPLATE
+from loadlens.contracts.model_profile import ModelProfile
 
 UNKNOWN = " unk"
 """What an out-of-vocabulary chunk decodes to: one 4-character letter token, so a decoded prompt keeps its count."""

@@ -15,8 +15,10 @@ from typing import Any
 from exporters.serving.engine import EngineError, ErrorKind
 from exporters.serving.engines.sim.knobs import STARTUP_ONLY, Knobs, coerce, merge
 from exporters.serving.engines.sim.kv_sizing import blocks_for, require_kv_room
-from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile, ProfileError
+from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.sched_types import Policy, SchedulerConfig
+from loadlens.contracts.model_profile import ModelProfile
+from loadlens.contracts.profile_schema import ProfileError
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from exporters.serving.engine import EngineError, ErrorKind
 from exporters.serving.engines.sim import roofline
 from exporters.serving.engines.sim.knobs import Knobs
-from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile, ProfileError
+from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.roofline import BLOCK_SIZE
 from exporters.serving.engines.sim.sched_types import cdiv
+from loadlens.contracts.model_profile import ModelProfile
+from loadlens.contracts.profile_schema import ProfileError
 
 
 def require_kv_room(model: ModelProfile, gpu: GPUProfile, k: Knobs) -> None:

@@ -4,16 +4,18 @@ model cards). Where an adapter's weights live (host cache, GPU slots) is the sch
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporters.serving.engine import EngineError, ErrorKind, GenerationRequest, LoRARequest, ModelCard
 from exporters.serving.engines.sim import roofline
-from exporters.serving.engines.sim.profile import LINEAR_MODULES, ModelProfile
 from exporters.serving.engines.sim.sched_types import Adapter
+from loadlens.contracts.model_profile import LINEAR_MODULES, ModelProfile
 
 _ATTENTION = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
 """Linear modules under ``self_attn`` in a Hugging Face Llama-style name (the rest are under ``mlp``)."""
@@ -80,6 +82,15 @@ def target_modules(raw: Any, model: ModelProfile, bad: Callable[[str], EngineErr
     if not found:
         raise bad(f"target_modules {raw!r} matches no linear layer of {model.name}")
     return found
+
+
+@dataclass(eq=False, slots=True)
+class AdapterOp:
+    """An adapter load waiting for the engine loop (``SimEngine.load_adapter``)."""
+
+    adapter: Adapter
+    enqueued: float
+    done: asyncio.Future[None]
 
 
 class AdapterRegistry:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
+from exporters.serving.engines.sim.profile import GPUProfile
+from loadlens.contracts.model_profile import ModelProfile
 
 BLOCK_SIZE = 16
 """Tokens per KV-cache block (vLLM's default ``block_size``)."""

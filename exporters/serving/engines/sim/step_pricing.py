@@ -7,9 +7,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from exporters.serving.engines.sim import roofline
-from exporters.serving.engines.sim.profile import GPUProfile, ModelProfile
+from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.roofline import StepCost
 from exporters.serving.engines.sim.sched_types import ScheduledBatch
+from loadlens.contracts.model_profile import ModelProfile
 
 
 @dataclass(frozen=True, slots=True)

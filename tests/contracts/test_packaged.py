@@ -1,4 +1,4 @@
-"""The one packaged-name-or-path rule (loadlens/util/packaged.py)."""
+"""The one packaged-name-or-path rule (loadlens/contracts/packaged.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadlens.util.packaged import UnknownName, packaged_names, resolve_packaged
+from loadlens.contracts.packaged import UnknownName, packaged_names, resolve_packaged
 
 
 @pytest.fixture
