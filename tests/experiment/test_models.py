@@ -51,6 +51,7 @@ def test_packaged_experiments_load_and_expand() -> None:
         "batching-window",
         "burst-capacity",
         "fairness",
+        "lora-rank",
         "seed-benchmark",
         "slo-search",
         "token-budget",
@@ -114,8 +115,8 @@ def test_profile_variables_are_typed() -> None:
         ({"analysis": {"kind": "u_curve", "x": "z"}}, "exp.yaml: analysis.x: must name a sweep axis (['w']), got 'z'"),
         (
             {"analysis": {"kind": "magic"}},
-            "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness', 'token_budget', 'burst'"
-            " or 'search'",
+            "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness', 'token_budget', 'burst',"
+            " 'search' or 'lora_rank'",
         ),
         ({"extra": 1}, "exp.yaml: extra: Extra inputs are not permitted"),
     ],
@@ -158,7 +159,7 @@ def test_cli_rejects_a_bad_profile_inside_the_experiment(tmp_path: Path, capsys:
         (
             ["nosuch"],
             "experiment 'nosuch': no such packaged experiment (batching-window, burst-capacity, fairness,"
-            " seed-benchmark, slo-search, token-budget) or file",
+            " lora-rank, seed-benchmark, slo-search, token-budget) or file",
         ),
         (["fairness", "--resume"], "--resume needs --run-id (the experiment directory to continue)"),
         (
