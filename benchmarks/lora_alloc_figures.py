@@ -19,6 +19,7 @@ import json
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 from benchmarks.lora_decode_timing import ALPHA, TARGETS, DecodeShape, build_model, formula_bytes
 
 RANK = 8
+# Written on demand below, not by the probe's thread; a snapshot whenever asked (its back-off allowing).
+PROBE_ENV = {"LOADLENS_PROBE_INTERVAL": "60", "LOADLENS_PROBE_SNAPSHOT_INTERVAL": "0.05"}
 ADAPTERS = 3
 DOC_FIELDS = (
     "requested_bytes",
@@ -90,11 +93,15 @@ def measure(shape: DecodeShape, torch: Any, dtype: Any, dtype_label: str) -> dic
 
     from exporters.probe import start_probe
 
-    os.environ["LOADLENS_PROBE_INTERVAL"] = "60"  # written on demand below, not by the thread
-    os.environ["LOADLENS_PROBE_SNAPSHOT_INTERVAL"] = "0.05"
+    saved = {k: os.environ.get(k) for k in PROBE_ENV}
+    os.environ.update(PROBE_ENV)
     torch.cuda.empty_cache()
     directory = tempfile.mkdtemp(prefix="loadlens-lora-probe-")
-    probe = start_probe("trainer", directory=directory, torch=torch)
+    try:
+        probe = start_probe("trainer", directory=directory, torch=torch)
+    finally:  # the probe has read them; the process's environment is put back
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     if probe is None:
         raise RuntimeError("start_probe returned None (see the log line)")
     try:
@@ -105,10 +112,12 @@ def measure(shape: DecodeShape, torch: Any, dtype: Any, dtype_label: str) -> dic
         peft_model: Any = None
         for n in range(1, ADAPTERS + 1):
             name = f"a{n}"
-            if peft_model is None:
-                peft_model = get_peft_model(model, cfg, adapter_name=name)
-            else:
-                peft_model.add_adapter(name, cfg)
+            with warnings.catch_warnings():  # peft reads a deprecated transformers property: not ours
+                warnings.simplefilter("ignore", FutureWarning)
+                if peft_model is None:
+                    peft_model = get_peft_model(model, cfg, adapter_name=name)
+                else:
+                    peft_model.add_adapter(name, cfg)
             torch.cuda.synchronize()
             row = {"adapters": n, **_doc_device(probe)}
             new = {k: p for k, p in peft_model.named_parameters() if f".{name}." in k and "lora_" in k}

@@ -83,7 +83,9 @@ def attach_lora(model: Any, rank: int, torch: Any, *, seed: int, zero_b: bool = 
 
     torch.manual_seed(seed)
     cfg = LoraConfig(r=rank, lora_alpha=ALPHA, target_modules=list(TARGETS), lora_dropout=0.0)
-    peft_model = get_peft_model(model, cfg, adapter_name=name)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing: not ours
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = get_peft_model(model, cfg, adapter_name=name)
     with torch.no_grad():
         for pname, param in peft_model.named_parameters():
             if f"lora_B.{name}." in pname:
