@@ -43,7 +43,9 @@ CPU_SHAPE = DecodeShape(hidden=256, layers=2, heads=8, kv_heads=4, intermediate=
 TINY_SHAPE = DecodeShape(hidden=32, layers=1, heads=4, kv_heads=2, intermediate=64, vocab=64)
 
 
-def llama_config(shape: DecodeShape) -> Any:
+def llama_config(shape: Any, max_positions: int = 2048) -> Any:
+    """A transformers ``LlamaConfig`` for any shape with ``vocab``, ``hidden``, ``intermediate``, ``layers``,
+    ``heads`` and ``kv_heads`` (this module's :class:`DecodeShape`, the probe check's model shape)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -53,7 +55,7 @@ def llama_config(shape: DecodeShape) -> Any:
         num_hidden_layers=shape.layers,
         num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_positions,
     )
 
 
