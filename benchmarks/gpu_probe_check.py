@@ -58,6 +58,7 @@ from benchmarks.caching_allocator import (
     simulate,
 )
 from benchmarks.gpu_probe_rig import Report, Rig, cuda_missing, versions
+from benchmarks.lora_decode_timing import llama_config
 
 # --- the steps ------------------------------------------------------------------------------------------
 
@@ -128,18 +129,10 @@ def step_guide_pattern(report: Report, rig: Rig, values: dict[str, Any]) -> None
 
 
 def build_model(shape: ModelShape, torch: Any) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=512,
-    )
+    config = llama_config(shape, max_positions=512)
     with torch.device("cuda"):  # initialised on the GPU: seconds faster than on the host and a copy
         model: Any = LlamaForCausalLM(config)
     return model.to(dtype=torch.float32)

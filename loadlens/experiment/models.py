@@ -446,7 +446,9 @@ def substitute(doc: Any, values: dict[str, Param]) -> Any:
     """``doc`` with every string ``"${name}"`` replaced by ``values[name]`` (typed), recursively; a mapping key
     ``"${name}"`` becomes ``str(values[name])`` (``adapters: {"${adapter}": 70, base: 30}``)."""
     if isinstance(doc, dict):
-        return {(str(substitute(k, values)) if isinstance(k, str) else k): substitute(v, values) for k, v in doc.items()}
+        return {
+            (str(substitute(k, values)) if isinstance(k, str) else k): substitute(v, values) for k, v in doc.items()
+        }
     if isinstance(doc, list):
         return [substitute(v, values) for v in doc]
     if isinstance(doc, str) and doc.startswith("${") and doc.endswith("}"):
