@@ -246,18 +246,23 @@ def test_the_packaged_sim_profile_prices_lora_by_its_launches() -> None:
 @pytest.mark.timeout(150)
 def test_lora_rank_on_the_sim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The packaged experiment, its sim on ``FIXTURE_GPU``: the h200 profile whose LoRA term is its matmuls
-    alone, growing as r^0.6 (0.53 / 1.21 / 2.78 ms a 4-sequence decode step on a 5.6 ms step). At its own speed
-    1 with 3 s stages (--time-scale 0.05), fitting the median token ITL: a stall of the loaded machine puts one
-    long gap into each stream in flight, which moves a mean (one run: every base request's TPOT inflated, its
-    median TPOT 0.55 ms above the model) but not the median of ~2000 gaps. Asserted, by wide margins: each
-    increment within 0.7-1.4 x the modeled one, so cost grows with rank (2.3x per 4x rank); b within 0.15 of
-    0.6 and sub_linear passes. Then ``loadlens report`` and ``loadlens compare`` read the result."""
+    alone, growing as r^0.6 (0.53 / 1.21 / 2.78 ms modeled a 4-sequence decode step, on a 5.6 ms step). At
+    speed 0.5 (11 ms steps: the sim and the client need half the CPU per token they do at speed 1), 64
+    output tokens, ~5 s stages (--time-scale 0.08), fitting the median TPOT: a stalled host delays the
+    tokens of the requests in flight, which moves a mean, and a starved client reads a stream in bursts,
+    which moves token gaps (one run at load average 10: median token ITL 0.004 ms), but a request's TPOT
+    spans its whole stream and the median over requests leaves out the stalled minority. Asserted, by wide
+    margins: each increment between 0.7 and 2.2 x the modeled decode-step term over the speed (other users'
+    prefill steps, whose LoRA term grows with their tokens, add to TPOT: 1.0-1.4 x measured), so cost grows
+    with rank (2.3x per 4x rank); b within 0.2 of 0.6 (the prefill steps' term grows as r^0.6 too) and
+    sub_linear passes. Then ``loadlens report`` and ``loadlens compare`` read the result."""
     doc = yaml.safe_load(resolve_experiment_path("lora-rank").read_text())
     doc["sim"]["gpu_profile"] = str(FIXTURE_GPU)
     source = tmp_path / "lora-rank.yaml"
     source.write_text(yaml.safe_dump(doc))
     argv = [sys.executable, "-m", "loadlens.cli", "experiment", str(source), "--results", str(tmp_path), "--run-id",
-            "ci", "--time-scale", "0.05", "--param", "latency=median_itl_ms"]  # fmt: skip
+            "ci", "--speed", "0.5", "--time-scale", "0.08", "--param", "latency=median_tpot_ms",
+            "--param", "output_tokens=64"]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=140, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     directory = tmp_path / "experiments" / "ci"
@@ -270,17 +275,17 @@ def test_lora_rank_on_the_sim(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     # 32 layers x r x ((4096 + 4096) + (4096 + 1024)) x 2 bytes; the file adds its header
     assert [r["formula_mib"] for r in rows[1:]] == [32 * r * 13312 * 2 / MIB for r in (2, 8, 32)]
     assert all(float(r["file_mib"]) > float(r["formula_mib"]) for r in rows[1:])  # type: ignore[arg-type]
-    modeled = modeled_increments(str(FIXTURE_GPU), 4, [2, 8, 32])
+    modeled = [m / 0.5 for m in modeled_increments(str(FIXTURE_GPU), 4, [2, 8, 32])]
     for row, model in zip(rows[1:], modeled, strict=True):
-        assert 0.7 * model < float(row["increment_median_itl_ms"]) < 1.4 * model, (row, model)  # type: ignore[arg-type]
+        assert 0.7 * model < float(row["increment_median_tpot_ms"]) < 2.2 * model, (row, model)  # type: ignore[arg-type]
         assert row["mean_tpot_ms"] is not None and row["increment_mean_tpot_ms"] is not None
     fit = res.fits[0]
-    assert fit.error is None and abs(fit.params["b"] - 0.6) < 0.15, fit
+    assert fit.error is None and abs(fit.params["b"] - 0.6) < 0.2, fit
     assert finding(res)[0] is True
-    assert main(["compare", str(directory / "experiment_result.json"), "--figures", "median_itl_ms"]) == 0
+    assert main(["compare", str(directory / "experiment_result.json"), "--figures", "median_tpot_ms"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["figure", "ci/base", "(baseline)"] and "ci/r32" in lines[0]
-    assert lines[1].split()[1] == f"{rows[0]['median_itl_ms']:.4g}" and lines[1].split()[3].startswith("+")
+    assert lines[1].split()[1] == f"{rows[0]['median_tpot_ms']:.4g}" and lines[1].split()[3].startswith("+")
     assert main(["report", "--results", str(directory), "--out", str(tmp_path / "page"),
                  "--prometheus", f"http://127.0.0.1:{free_port()}"]) == 0  # fmt: skip
     page = (tmp_path / "page" / "index.html").read_text()
