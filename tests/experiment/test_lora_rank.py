@@ -27,8 +27,8 @@ from loadlens.contracts.experiment_result import (
 from loadlens.contracts.slo import load_slos
 from loadlens.experiment.analysis.analyse import analyse
 from loadlens.experiment.analysis.lora_rank import MIB, PowerFitError, fit_power_law, standard_error
+from loadlens.experiment.figures import aggregate
 from loadlens.experiment.models import Analysis, load_experiment, resolve_experiment_path
-from loadlens.experiment.runner import aggregate
 from loadlens.util.net import free_port
 from tests.support.paths import ROOT
 
