@@ -211,18 +211,20 @@ def _figures(inc: dict[SeriesKey, float], keep: dict[str, str], delay: float, ex
 def swap_figures(
     samples: list[tuple[float, dict[SeriesKey, float]]], windows: list[tuple[float, float]], delay_seconds: float
 ) -> LoraSwapSample | None:
-    """The hot-swap figures over ``windows``; ``None`` when no sample inside them holds the serving layer's
-    series (a server other than ``loadlens serve``)."""
+    """The hot-swap figures over ``windows``; ``None`` when no sample inside them holds any of the series. A
+    server without the serving layer's (a vLLM read directly) gives only its own load figures, the request
+    figures ``None``."""
     inc, seen = increases(samples, windows)
-    if ELIGIBLE not in seen:
+    if not seen:
         return None
+    exported = ELIGIBLE in seen
     edges = {_le(labels) for (n, labels) in inc if n == f"{BLOCKING}_bucket"}
-    overall = _figures(inc, {}, delay_seconds, True)
+    overall = _figures(inc, {}, delay_seconds, exported)
     models = sorted({dict(labels).get("model_name", "") for (n, labels) in inc if n == ELIGIBLE})
     out = LoraSwapSample(
         **overall.model_dump(),
-        delay_seconds=delay_seconds,
-        delay_exact=delay_seconds in edges if edges else None,
+        delay_seconds=delay_seconds if exported else None,
+        delay_exact=(delay_seconds in edges if edges else None) if exported else None,
         models={m: _figures(inc, {"model_name": m}, delay_seconds, True) for m in models if m},
     )
 

@@ -128,6 +128,27 @@ def test_a_server_without_the_series_gives_none() -> None:
     assert swap_figures(samples, [(0.0, 2.0)], 0.2) is None
 
 
+def vllm_load_time(loads: int, activations: int) -> dict[Any, float]:
+    """vLLM's proposed ``vllm:lora_adapter_load_seconds{transition}`` (an open pull request): 40 ms per load,
+    2 ms per activation."""
+    lines = []
+    for transition, count, each in (("load", loads, 0.04), ("activate", activations, 0.002)):
+        lines.append(f'vllm:lora_adapter_load_seconds_count{{model_name="m",transition="{transition}"}} {count}')
+        lines.append(f'vllm:lora_adapter_load_seconds_sum{{model_name="m",transition="{transition}"}} {count * each}')
+    return parse_swap_series("\n".join(lines) + "\n")
+
+
+def test_vllms_proposed_load_time_is_read_where_exported() -> None:
+    """A vLLM read directly: its load times, and no request figures (its /metrics has no serving layer)."""
+    fig = swap_figures([(1.0, vllm_load_time(1, 2)), (2.0, vllm_load_time(3, 12))], [(0.0, 3.0)], 0.2)
+    assert fig is not None
+    assert fig.vllm_adapter_loads == {"activate": 10, "load": 2}
+    assert fig.vllm_adapter_load_mean_ms == pytest.approx({"activate": 2.0, "load": 40.0})
+    assert fig.swaps == 12 and fig.swaps_source == "vllm_adapter_loads"
+    assert fig.requests is None and fig.blocked_requests is None and fig.delayed_ratio is None
+    assert fig.delay_seconds is None and fig.models == {}
+
+
 EXPERIMENT: dict[str, Any] = {
     "version": 1,
     "name": "x",
