@@ -15,11 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.serving.metrics import ServingMetrics
 from loadlens.contracts.buckets import LORA_SWAP_BLOCKING
-from loadlens.contracts.experiment_result import ServerSample
 from loadlens.contracts.slo import load_slos
 from loadlens.experiment.models import ExperimentError, expand_trials, parse_experiment
-from loadlens.experiment.sampler import server_figures
-from loadlens.experiment.swap_series import count_above, parse_swap_series, quantile, swap_figures
+from loadlens.experiment.swap_series import count_above, parse_swap_series, quantile, swap_figures, swap_values
 
 
 def test_the_packaged_delay_is_a_bucket_edge() -> None:
@@ -72,7 +70,7 @@ def test_increases_over_the_window_from_the_serving_layers_series() -> None:
     # the proxy's and the sim's own swap series are not in this registry: absent, not 0
     assert fig.sim_adapter_loads is None and fig.probe_swap_windows is None and fig.vllm_adapter_loads == {}
     assert fig.adapter_load_calls == 0 and fig.swaps == 0 and fig.swaps_source == "adapter_load_calls"
-    flat = server_figures(ServerSample(lora_swap=fig))
+    flat = swap_values(fig)
     assert flat["swap.delayed_requests"] == 3 and flat["swap.models.lora-b.requests"] == 5
 
 
