@@ -76,7 +76,8 @@ def test_a_slow_adapter_load_breaks_the_sla_and_a_fast_one_passes(tmp_path: Path
         assert [t.params["mode"] for t in result.trials] == ["scheduled", "on-demand"]
         table = rows(result)
         for trial in ("scheduled", "on-demand"):
-            assert table[(trial, "all")]["requests"] >= 40
+            # the requests that ended between the stage's first and last /metrics sample (0.25 s apart): most
+            assert table[(trial, "all")]["requests"] >= 30
             assert table[(trial, "all")]["swaps"] >= 1
             assert {model: r["rank"] for (t, model), r in table.items() if t == trial} == {
                 "all": None, "lora-a": 64, "lora-b": 32, "lora-c": 16,
