@@ -107,10 +107,9 @@ class SwapSchedule(_Model):
     """Scheduled hot swaps during each run of the trial (loadlens/experiment/swap_driver.py)."""
 
     every: float | str
-    """Seconds between a load and its unload and between an unload and the next load (wall time, not scaled by
-    ``--time-scale``), or ``"${PARAM}"`` naming a number parameter."""
+    """Seconds from a load to its unload and to the next load (wall time, unscaled), or ``"${PARAM}"``."""
     adapters: list[str] = Field(min_length=1)
-    """Names of the experiment's adapters (templates), loaded in turn; none of the trial's own ``adapters``."""
+    """The experiment's adapters (templates) loaded in turn; none of the trial's own ``adapters``."""
 
 
 class TrialSpec(_Model):
