@@ -51,6 +51,7 @@ def test_packaged_experiments_load_and_expand() -> None:
         "batching-window",
         "burst-capacity",
         "fairness",
+        "hot-swap",
         "seed-benchmark",
         "slo-search",
         "token-budget",
@@ -62,6 +63,7 @@ def test_packaged_experiments_load_and_expand() -> None:
     assert names["seed-benchmark"] == ["default", "half-kv"]
     assert names["burst-capacity"] == ["b8", "b16", "b32", "b64", "b128", "b256"]
     assert names["slo-search"] == ["c8"]  # the first level; the search plans the rest
+    assert names["hot-swap"] == ["scheduled", "on-demand"]
 
 
 def test_sweep_fills_knob_names_values_and_names_from_parameters(tmp_path: Path) -> None:
@@ -114,8 +116,8 @@ def test_profile_variables_are_typed() -> None:
         ({"analysis": {"kind": "u_curve", "x": "z"}}, "exp.yaml: analysis.x: must name a sweep axis (['w']), got 'z'"),
         (
             {"analysis": {"kind": "magic"}},
-            "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness', 'token_budget', 'burst'"
-            " or 'search'",
+            "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness', 'token_budget', 'burst',"
+            " 'search' or 'hot_swap'",
         ),
         ({"extra": 1}, "exp.yaml: extra: Extra inputs are not permitted"),
     ],
@@ -158,7 +160,7 @@ def test_cli_rejects_a_bad_profile_inside_the_experiment(tmp_path: Path, capsys:
         (
             ["nosuch"],
             "experiment 'nosuch': no such packaged experiment (batching-window, burst-capacity, fairness,"
-            " seed-benchmark, slo-search, token-budget) or file",
+            " hot-swap, seed-benchmark, slo-search, token-budget) or file",
         ),
         (["fairness", "--resume"], "--resume needs --run-id (the experiment directory to continue)"),
         (
