@@ -40,6 +40,59 @@ class Stat(_Model):
     values: list[float | None] = Field(default_factory=list)
 
 
+class LoraSwapFigures(_Model):
+    """Hot-swap blocking (guide 2.4) of one model name, or of all, over a run's measured window: increases of the
+    serving layer's series between the first and the last ``/metrics`` sample inside each measured stage
+    (loadlens/experiment/swap_series.py). ``None``: the server does not export the series."""
+
+    requests: float | None = None
+    """Successful requests judged against the SLOs (``loadlens_slo_eligible_requests_total``)."""
+    blocked_requests: float | None = None
+    """Requests blocked behind swaps for more than 0 s (``loadlens_lora_swap_blocking_seconds_count``)."""
+    blocked_ratio: float | None = None
+    mean_blocked_ms: float | None = None
+    """Per blocked request, exact (``_sum`` / ``_count``); ``None`` when none was blocked."""
+    p99_blocked_ms: float | None = None
+    """Per blocked request, interpolated linearly inside the histogram bucket holding the 99th percentile."""
+    delayed_requests: float | None = None
+    """Requests blocked longer than ``delay_seconds``: ``_count`` minus the bucket at that edge."""
+    delayed_ratio: float | None = None
+    """``delayed_requests`` / ``requests``: what the SLO's ``max_delayed_ratio`` bounds."""
+    delayed_counter: float | None = None
+    """``loadlens_lora_swap_delayed_requests_total``: the server's own count, by the server's SLO file."""
+
+
+class LoraSwapSample(LoraSwapFigures):
+    """:class:`LoraSwapFigures` over every model, beside each model's and the swaps' own figures."""
+
+    delay_seconds: float | None = None
+    """The SLO file's ``lora_swap.delay_seconds`` the delayed figures were counted against."""
+    delay_exact: bool | None = None
+    """The histogram has a bucket edge at ``delay_seconds``, so ``delayed_requests`` is exact."""
+    models: dict[str, LoraSwapFigures] = Field(default_factory=dict)
+    """By the series' ``model_name`` label (the base model or an adapter)."""
+    adapter_load_calls: float | None = None
+    """Successful ``/v1/load_lora_adapter`` calls the target served or forwarded
+    (``loadlens_lora_adapter_operations_total{operation="load",outcome="success"}``)."""
+    sim_adapter_loads: float | None = None
+    """The sim's step-loop blocks by adapter loads and GPU-slot fills (``loadlens_sim_adapter_load_seconds``)."""
+    sim_adapter_load_mean_ms: float | None = None
+    vllm_adapter_loads: dict[str, float] = Field(default_factory=dict)
+    """``vllm:lora_adapter_load_seconds`` count by ``transition`` where vLLM exports it (an open vLLM pull
+    request; absent today)."""
+    vllm_adapter_load_mean_ms: dict[str, float | None] = Field(default_factory=dict)
+    probe_swap_windows: float | None = None
+    """The proxy's swap windows from the upstream's probe (``loadlens_proxy_probe_swap_windows_total``)."""
+    probe_on_demand_windows: float | None = None
+    """Of those, loads a request waited for (``on_demand="true"``)."""
+    swaps: float | None = None
+    """The swap count of the table: the first figure of ``swaps_source`` the target gives."""
+    swaps_source: str | None = None
+    driver_loads: int | None = None
+    """Loads the experiment's swap driver made inside the measured window (a trial with ``swaps``)."""
+    driver_errors: list[str] = Field(default_factory=list)
+
+
 class ServerSample(_Model):
     """What the runner read from the server's ``/metrics`` over a run's measured (non-warmup) stages
     (vLLM's series or sglang's counterparts: loadlens/experiment/sampler.py)."""
@@ -53,6 +106,8 @@ class ServerSample(_Model):
     """Share of the KV cache in use (0-1): the fullest engine's, averaged over the samples."""
     peak_kv_cache_usage: float | None = None
     preemptions: float | None = None
+    lora_swap: LoraSwapSample | None = None
+    """Hot-swap figures where the server exports the serving layer's series (loadlens serve: sim or proxy)."""
     errors: list[str] = Field(default_factory=list)
 
 

@@ -9,6 +9,7 @@ import statistics
 from typing import Any
 
 from loadlens.contracts.experiment_result import Stat, TrialRun
+from loadlens.experiment.swap_series import swap_values
 
 # The /metrics sampler's figures a trial aggregates as sampled.KEY.
 SAMPLED_FIGURES = (
@@ -65,6 +66,7 @@ def aggregate(runs: list[TrialRun]) -> dict[str, Stat]:
         figs = dict(r.figures)
         for key in SAMPLED_FIGURES:
             figs[f"sampled.{key}"] = getattr(r.server, key)
+        figs.update(swap_values(r.server.lora_swap))
         merged.append(figs)
     keys = sorted({k for f in merged for k in f})
     stats: dict[str, Stat] = {}

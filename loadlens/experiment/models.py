@@ -103,6 +103,15 @@ class AdapterSpec(_Model):
         return value
 
 
+class SwapSchedule(_Model):
+    """Scheduled hot swaps during each run of the trial (loadlens/experiment/swap_driver.py)."""
+
+    every: float | str
+    """Seconds from a load to its unload and to the next load (wall time, unscaled), or ``"${PARAM}"``."""
+    adapters: list[str] = Field(min_length=1)
+    """The experiment's adapters (templates) loaded in turn; none of the trial's own ``adapters``."""
+
+
 class TrialSpec(_Model):
     """A trial, or with ``sweep`` the cartesian product of the axes' values (one trial per combination)."""
 
@@ -119,6 +128,8 @@ class TrialSpec(_Model):
     """This trial's server URL (per-trial URL mode); knobs are then applied there through its admin API."""
     label: dict[str, Scalar] = Field(default_factory=dict)
     """Extra parameters recorded for the analysis (``policy: fcfs``)."""
+    swaps: SwapSchedule | None = None
+    """Adapter loads and unloads on a schedule while each run goes (hot-swap)."""
 
     @field_validator("sweep", mode="before")
     @classmethod
@@ -130,7 +141,7 @@ class TrialSpec(_Model):
 
 
 class Analysis(_Model):
-    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst", "search", "lora_rank"]
+    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst", "search", "hot_swap", "lora_rank"]
     x: str | None = None
     """The swept parameter on the x axis (u_curve)."""
     y: str = "p99_e2el_ms"
@@ -230,6 +241,15 @@ class PlannedTrial:
     host: str | None
     adapters: tuple[str, ...] = ()
     """The adapters loaded for this trial (names of :func:`expand_adapters`)."""
+    swaps: PlannedSwaps | None = None
+
+
+@dataclass(frozen=True)
+class PlannedSwaps:
+    """A trial's swap schedule with its templates filled in."""
+
+    every: float
+    adapters: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -325,7 +345,9 @@ def expand_trials(exp: Experiment) -> list[PlannedTrial]:
                 raise ExperimentError(f"{where}.name: {name!r} is not a safe directory name ({NAME_RE.pattern})")
             host = _fill(t.host, scope, f"{where}.host") if t.host else None
             adapters = _trial_adapters(t, scope, known, f"{where}.adapters")
-            out.append(PlannedTrial(len(out), name, t.profile, knobs, tvars, {**t.label, **swept}, host, adapters))
+            swaps = _swaps(t, scope, known, adapters, f"{where}.swaps")
+            recorded: dict[str, Scalar] = {**t.label, **swept}
+            out.append(PlannedTrial(len(out), name, t.profile, knobs, tvars, recorded, host, adapters, swaps))
     names = [p.name for p in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -365,6 +387,25 @@ def _trial_adapters(t: TrialSpec, scope: dict[str, Param], known: set[str], wher
     if len(set(names)) != len(names):
         raise ExperimentError(f"{where}: an adapter is named twice: {list(names)}")
     return names
+
+
+def _swaps(
+    t: TrialSpec, scope: dict[str, Param], known: set[str], own: tuple[str, ...], where: str
+) -> PlannedSwaps | None:
+    if t.swaps is None:
+        return None
+    every: Param | None = t.swaps.every
+    if isinstance(every, str):
+        every = scope.get(every[2:-1]) if every.startswith("${") and every.endswith("}") else None
+    if isinstance(every, bool) or not isinstance(every, int | float) or not every > 0:
+        raise ExperimentError(f"{where}.every: {t.swaps.every!r} must be (or name) a number of seconds > 0")
+    names = tuple(_fill(a, scope, f"{where}.adapters") for a in t.swaps.adapters)
+    for name in names:
+        if name not in known:
+            raise ExperimentError(f"{where}.adapters: no adapter {name!r} (the experiment's adapters: {sorted(known)})")
+        if name in own:
+            raise ExperimentError(f"{where}.adapters: {name!r} is a trial adapter, loaded for the whole run")
+    return PlannedSwaps(float(every), names)
 
 
 def expand_adapters(exp: Experiment) -> list[PlannedAdapter]:

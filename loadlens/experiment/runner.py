@@ -42,10 +42,12 @@ from loadlens.contracts.experiment_result import (
     TrialRun,
     parse_experiment_result,
 )
+from loadlens.contracts.slo import load_slos
 from loadlens.experiment.figures import aggregate, extract_figures, measured_windows
 from loadlens.experiment.models import Experiment, ExperimentError, PlannedTrial, substitute
 from loadlens.experiment.sampler import ServerSampler
 from loadlens.experiment.servers import ServerControl, ServerError
+from loadlens.experiment.swap_driver import SwapDriver
 
 RESULT_FILE = "benchmark_result.json"
 
@@ -307,7 +309,8 @@ class ExperimentRunner:
         if result_path.exists():
             result_path.unlink()  # a partial run of an interrupted experiment
         start = time.time()
-        with log.open("wb") as out, ServerSampler(url, self.opts.sample_interval) as sampler:
+        driver = SwapDriver(url, trial.swaps, self.server.adapters, self.server.token)
+        with log.open("wb") as out, ServerSampler(url, self.opts.sample_interval) as sampler, driver:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
                 code = proc.wait()
@@ -342,7 +345,9 @@ class ExperimentRunner:
         doc = json.loads(result_path.read_text())
         run.completed = bool(doc.get("run", {}).get("completed"))
         run.figures = extract_figures(doc)
-        run.server = sampler.summary(measured_windows(doc))
+        run.server = sampler.summary(
+            measured_windows(doc), load_slos(self.opts.slo_file or None).lora_swap.delay_seconds, driver
+        )
         completed = run.figures.get("completed")
         if run.server.preemptions is not None and completed:
             run.figures["preemptions_per_request"] = run.server.preemptions / completed

@@ -1,6 +1,7 @@
 """Reads the server's own gauges while a trial runs, so the sim, a vLLM or an sglang server gives its
 effective concurrency without a Prometheus: running and waiting requests, KV cache usage and preemptions
-from ``GET /metrics`` every ``interval`` seconds.
+from ``GET /metrics`` every ``interval`` seconds, and the hot-swap series of loadlens's serving layer
+(``loadlens_lora_swap_blocking_seconds`` and its counters: loadlens/experiment/swap_series.py).
 
 The series are vLLM's (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``; the sim's are the same) and each one's sglang
@@ -26,6 +27,8 @@ from types import TracebackType
 
 from loadlens.contracts.engine_series import BY_VLLM
 from loadlens.contracts.experiment_result import ServerSample
+from loadlens.experiment.swap_driver import SwapDriver
+from loadlens.experiment.swap_series import SeriesKey, parse_swap_series, swap_figures
 
 # sample key -> (vLLM series, how label sets combine)
 SAMPLED: dict[str, tuple[str, Callable[[float, float], float]]] = {
@@ -103,6 +106,8 @@ class ServerSampler:
         self.url = url.rstrip("/") + "/metrics"
         self.interval = interval
         self.samples: list[tuple[float, dict[str, float]]] = []
+        self.swap_samples: list[tuple[float, dict[SeriesKey, float]]] = []
+        """The hot-swap series of each sample (loadlens/experiment/swap_series.py)."""
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="server-sampler", daemon=True)
@@ -120,15 +125,24 @@ class ServerSampler:
             try:
                 with urllib.request.urlopen(self.url, timeout=2.0) as resp:
                     text = resp.read().decode(errors="replace")
-                self.samples.append((time.time(), parse_exposition(text)))
+                now = time.time()
+                self.samples.append((now, parse_exposition(text)))
+                self.swap_samples.append((now, parse_swap_series(text)))
             except (OSError, ValueError) as err:
                 if len(self.errors) < 5:
                     self.errors.append(f"GET {self.url}: {err}")
             self._stop.wait(self.interval)
 
-    def summary(self, windows: list[tuple[float, float]]) -> ServerSample:
+    def summary(
+        self, windows: list[tuple[float, float]], delay_seconds: float | None = None, driver: SwapDriver | None = None
+    ) -> ServerSample:
         """Mean and peak running/waiting/KV usage over the samples inside ``windows`` (the measured stages),
-        and the preemptions counted between the first and the last of them."""
+        the preemptions counted between the first and the last of them and, given the SLO file's
+        ``lora_swap.delay_seconds``, the hot-swap figures (increases per measured stage, summed) with the swap
+        driver's loads inside the windows."""
+        swap = swap_figures(self.swap_samples, windows, delay_seconds) if delay_seconds is not None else None
+        if swap is not None and driver is not None:
+            swap.driver_loads, swap.driver_errors = driver.loads_inside(windows), list(driver.errors)
         inside = [s for ts, s in self.samples if any(lo <= ts <= hi for lo, hi in windows)]
 
         def values(key: str) -> list[float]:
@@ -144,6 +158,7 @@ class ServerSampler:
             mean_kv_cache_usage=sum(kv) / len(kv) if kv else None,
             peak_kv_cache_usage=max(kv) if kv else None,
             preemptions=_increase(inside),
+            lora_swap=swap,
             errors=list(self.errors),
         )
 

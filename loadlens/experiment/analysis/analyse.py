@@ -15,6 +15,7 @@ from typing import Any
 from loadlens.contracts.experiment_result import Column, ExperimentResult, Finding, Fit, Plot, Scalar, Table, Trial
 from loadlens.contracts.slo import SLOConfig
 from loadlens.experiment.analysis.fits import FORMULA, FitError, UCurveFit, fit_u_curve
+from loadlens.experiment.analysis.hot_swap import hot_swap_analysis
 from loadlens.experiment.analysis.lora_rank import lora_rank_analysis
 from loadlens.experiment.models import Analysis, Search
 
@@ -449,6 +450,7 @@ KINDS: dict[str, Callable[[Analysis, ExperimentResult, SLOConfig], None]] = {
     "fairness": fairness_analysis,
     "token_budget": token_budget_analysis,
     "burst": burst_analysis,
+    "hot_swap": hot_swap_analysis,
     "lora_rank": lora_rank_analysis,
 }
 
