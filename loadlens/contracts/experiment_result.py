@@ -175,6 +175,8 @@ class Fit(_Model):
     x: str
     y: str
     params: dict[str, float] = Field(default_factory=dict)
+    params_err: dict[str, float] = Field(default_factory=dict)
+    """The uncertainty of a parameter where the analysis gives one (lora_rank: b's, two standard errors)."""
     r2: float | None = None
     points: int = 0
     x_min: float | None = None

@@ -212,9 +212,14 @@ def _print(result: ExperimentResult) -> None:
         if fit.error:
             print(f"fit {fit.formula}: {fit.error}")
         else:
-            params = ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())
-            optimum = f"optimum {fit.x}={fit.optimum_x:.4g} -> {fit.optimum_y:.4g}"
-            print(f"fit {fit.formula}: {params}; R²={fit.r2:.4f}; {optimum}")
+            params = ", ".join(
+                f"{k}={v:.4g}" + (f" ± {fit.params_err[k]:.2g}" if k in fit.params_err else "")
+                for k, v in fit.params.items()
+            )
+            r2 = "" if fit.r2 is None else f"; R²={fit.r2:.4f}"
+            optimum = "" if fit.optimum_x is None or fit.optimum_y is None else (
+                f"; optimum {fit.x}={fit.optimum_x:.4g} -> {fit.optimum_y:.4g}")  # fmt: skip
+            print(f"fit {fit.formula}: {params}{r2}{optimum}")
     for f in result.findings:
         mark = {True: "PASS", False: "FAIL", None: "n/a "}[f.passed]
         print(f"{mark} {f.name}: {f.detail}")

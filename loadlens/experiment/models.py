@@ -141,7 +141,7 @@ class TrialSpec(_Model):
 
 
 class Analysis(_Model):
-    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst", "search", "hot_swap"]
+    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst", "search", "hot_swap", "lora_rank"]
     x: str | None = None
     """The swept parameter on the x axis (u_curve)."""
     y: str = "p99_e2el_ms"

@@ -52,6 +52,7 @@ def test_packaged_experiments_load_and_expand() -> None:
         "burst-capacity",
         "fairness",
         "hot-swap",
+        "lora-rank",
         "seed-benchmark",
         "slo-search",
         "token-budget",
@@ -117,7 +118,7 @@ def test_profile_variables_are_typed() -> None:
         (
             {"analysis": {"kind": "magic"}},
             "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness', 'token_budget', 'burst',"
-            " 'search' or 'hot_swap'",
+            " 'search', 'hot_swap' or 'lora_rank'",
         ),
         ({"extra": 1}, "exp.yaml: extra: Extra inputs are not permitted"),
     ],
@@ -160,7 +161,7 @@ def test_cli_rejects_a_bad_profile_inside_the_experiment(tmp_path: Path, capsys:
         (
             ["nosuch"],
             "experiment 'nosuch': no such packaged experiment (batching-window, burst-capacity, fairness,"
-            " hot-swap, seed-benchmark, slo-search, token-budget) or file",
+            " hot-swap, lora-rank, seed-benchmark, slo-search, token-budget) or file",
         ),
         (["fairness", "--resume"], "--resume needs --run-id (the experiment directory to continue)"),
         (
