@@ -26,6 +26,7 @@ Usage (the runner's hook)::
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
@@ -104,7 +105,7 @@ class SimSource:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def read(self, after: float | None = None) -> Reading | None:
+    def read(self, after: float | None = None, adapter: tuple[str, float] | None = None) -> Reading | None:
         since = int(time.time() * 1e6)  # no utilisation samples wanted here
         try:
             return reading_from_sim(_get_json(f"{self.url}{DEVICE_STATE_PATH}?since_us={since}"))
@@ -113,8 +114,10 @@ class SimSource:
 
 
 class ProbeSource:
-    """Allocator readings from the newest probe document with a device in ``directory``; ``after`` waits
-    (up to two probe intervals + 1 s) for a document whose stats were read after that time."""
+    """Allocator readings from the newest probe document with a device in ``directory``. ``after`` waits (up
+    to two probe intervals + 1 s) for a document whose stats were read after that time, or, with ``adapter``
+    (name, when its request was sent), after the end of a load of that adapter the document records: the
+    probe publishes at once after a recorded load (docs/probe-documents.md), often before the request ends."""
 
     name = "probe"
 
@@ -122,23 +125,30 @@ class ProbeSource:
         self.reader = ProbeReader(directory, proc_root=proc_root)
         self.poll = poll
 
-    def _newest(self) -> tuple[Reading, float] | None:
-        best: tuple[Reading, float] | None = None
+    def _newest(self, adapter: tuple[str, float] | None) -> tuple[Reading, float, float] | None:
+        """The newest reading, its document's interval and the time it must be newer than (inf: none)."""
+        best: tuple[Reading, float, float] | None = None
         for doc in self.reader.read().documents:
             r = reading_from_probe(doc)
-            if r is not None and (best is None or r.at > best[0].at):
-                best = (r, doc.interval_seconds)
+            if r is None or (best is not None and r.at <= best[0].at):
+                continue
+            ends = [e.end for e in doc.events.lora_loads if adapter and e.adapter == adapter[0] and e.end >= adapter[1]]
+            best = (r, doc.interval_seconds, max(ends) if ends else math.inf)
         return best
 
-    def read(self, after: float | None = None) -> Reading | None:
-        found = self._newest()
+    def read(self, after: float | None = None, adapter: tuple[str, float] | None = None) -> Reading | None:
+        found = self._newest(adapter)
         if after is None or found is None:
             return found[0] if found else None
+
+        def fresh(f: tuple[Reading, float, float]) -> bool:
+            return f[0].at >= min(after, f[2])
+
         deadline = time.monotonic() + 2 * found[1] + 1.0
-        while found is not None and found[0].at < after and time.monotonic() < deadline:
+        while not fresh(found) and time.monotonic() < deadline:
             time.sleep(self.poll)
-            found = self._newest() or found
-        return found[0] if found is not None and found[0].at >= after else None
+            found = self._newest(adapter) or found
+        return found[0] if fresh(found) else None
 
 
 def _delta(before: Reading | None, after: Reading | None) -> dict[str, float | None]:
@@ -266,8 +276,9 @@ class DeviceSession:
             _touch(self.url, base, self.watch.token)
             for name in adapters:
                 before = source.read()
+                sent = time.time()
                 _touch(self.url, name, self.watch.token)
-                self.steps[name] = _delta(before, source.read(after=time.time()))
+                self.steps[name] = _delta(before, source.read(after=time.time(), adapter=(name, sent)))
         except (OSError, ValueError, KeyError, IndexError) as err:
             self.errors.append(f"adapter steps: {err}")
 

@@ -1,0 +1,235 @@
+"""multi-lora (guide 2.2): the device watch's figures (loadlens/experiment/device.py), the multi_lora analysis, the
+experiment file's adapter count and weights, and the allocator path fed by the in-process probe's documents.
+
+The probe test runs the real probe writer (``exporters.probe.Probe``, with the fake torch of tests/probe/fakes.py
+whose ``memory_stats()`` follow the allocator pattern docs/probe-documents.md derives for guide 2.2: 8 requests
+of 1.2 MB per adapter, each a large-pool block of 1 200 128 B, 20 MiB segments: reserved 20, 20, 40 MiB) and a
+small HTTP server standing in for the serving process: each 1-token request to an adapter changes the fake
+allocator and records the load, as the vLLM plugin does, and the session reads the step from the document."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporters.probe.probe import Probe
+from loadlens.contracts.allocator_math import AllocatorReading
+from loadlens.experiment.device import (
+    DeviceWatch,
+    ProbeSource,
+    Reading,
+    _delta,
+    fragmentation_figures,
+    reading_from_sim,
+    swing_period,
+    util_figures,
+)
+from loadlens.experiment.models import ExperimentError, expand_adapters, expand_trials, parse_experiment
+from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
+
+BLOCK = 1_200_128  # 1 200 000 B rounded up to 512 B
+ASKED = 1_200_000
+
+
+def reading(reserved: int, allocated: int, requested: int, *, activations: int | None = None, **kw: Any) -> Reading:
+    fields = {"active_bytes": allocated, "inactive_split_bytes": 0, "segments": 0, "alloc_retries": 0, "ooms": 0,
+              "largest_free_block_bytes": None, "total_free_bytes": None, **kw}  # fmt: skip
+    return Reading(AllocatorReading(reserved, allocated, requested_bytes=requested, **fields), activations, 0.0)
+
+
+# --- utilisation ------------------------------------------------------------------------------------------------
+
+
+def test_swing_period_of_a_square_wave_and_its_limits() -> None:
+    # 10 ms samples, busy 3 samples of every 8: period 80 ms.
+    wave = [100.0 if i % 8 < 3 else 20.0 for i in range(400)]
+    assert swing_period(wave, 0.01) == pytest.approx(0.08)
+    assert swing_period([50.0] * 400, 0.01) is None  # flat: no swing
+    # Alternating samples are a period of exactly two intervals: the shortest a series can show (Nyquist).
+    assert swing_period([0.0, 100.0] * 100, 0.01) == pytest.approx(0.02)
+    # A 29 ms cycle (0 / 100 %) seen through 167 ms averages (NVML's ~1/6 s): the swing is averaged away to
+    # 4 points, and what periodicity is left is an alias of about 690 ms (6/167 - 1/29 per ms), never 29 ms.
+    # No series gives a period under two of its intervals.
+    fine = [100.0 if (i % 29) < 10 else 0.0 for i in range(29 * 600)]  # 1 ms samples
+    coarse = [sum(fine[k : k + 167]) / 167 for k in range(0, len(fine) - 167, 167)]
+    assert max(coarse) - min(coarse) < 5.0
+    alias = swing_period(coarse, 0.167)
+    assert alias is not None and 0.5 < alias < 1.0
+
+
+def test_util_figures_are_exact_nearest_rank_percentiles() -> None:
+    samples = [(i * 0.01, float(v)) for i, v in enumerate(range(0, 101))]  # 0 ... 100 %
+    got = util_figures(samples, 0.01)
+    assert got["util.mean_pct"] == 50.0
+    assert (got["util.p5_pct"], got["util.p95_pct"], got["util.peak_to_trough_pct"]) == (5.0, 95.0, 90.0)
+    assert got["util.interval_ms"] == 10.0 and got["util.samples"] == 101.0
+    assert set(util_figures([], None).values()) == {None}
+
+
+# --- VRAM steps and fragmentation -----------------------------------------------------------------------------
+
+
+def test_a_step_takes_out_the_activations_and_splits_rounding_from_reserve() -> None:
+    before = reading(100 * MIB, 60 * MIB, 50 * MIB, activations=4 * MIB)
+    # 64 modules of 106 496 B asked, 2 MiB blocks taken; the activations grew by 1 MiB meanwhile.
+    after = reading(228 * MIB, 60 * MIB + 128 * MIB + MIB, 50 * MIB + 64 * 106_496 + MIB, activations=5 * MIB)
+    step = _delta(before, after)
+    assert step == {
+        "requested_bytes": 64 * 106_496.0,
+        "allocated_bytes": 128.0 * MIB,
+        "reserved_bytes": 128.0 * MIB,
+        "rounding_overhead_bytes": 128.0 * MIB - 64 * 106_496,
+        "rounding_overhead_ratio": (128 * MIB - 64 * 106_496) / (128 * MIB),
+    }
+    assert set(_delta(None, after).values()) == {None}
+
+
+def test_fragmentation_figures() -> None:
+    r = reading(40 * MIB, 30 * MIB, 30 * MIB, inactive_split_bytes=10 * MIB, largest_free_block_bytes=6 * MIB,
+                total_free_bytes=10 * MIB)  # fmt: skip
+    assert fragmentation_figures(r) == {
+        "frag.free_block_ratio": pytest.approx(0.4),
+        "frag.inactive_split_ratio": 0.25,
+        "frag.reserved_bytes": 40.0 * MIB,
+    }
+    assert set(fragmentation_figures(None).values()) == {None}
+
+
+def test_a_sim_document_reads_as_the_allocator_fields() -> None:
+    alloc = {"reserved_bytes": 9, "allocated_bytes": 7, "active_bytes": 7, "inactive_split_bytes": 2,
+             "requested_bytes": 5, "segments": 3, "alloc_retries": 0, "ooms": 0, "largest_free_block_bytes": 2,
+             "total_free_bytes": 2}  # fmt: skip
+    doc = {"timestamp_us": 1_700_000_000_000_000,
+           "devices": [{"allocator": alloc, "memory_by_owner": {"activations": 4}}]}  # fmt: skip
+    r = reading_from_sim(doc)
+    assert r is not None and r.activations == 4 and r.at == 1_700_000_000.0
+    assert (r.allocator.reserved_bytes, r.allocator.requested_bytes, r.allocator.rounding_overhead_bytes) == (9, 5, 2)
+    assert reading_from_sim({"timestamp_us": 0, "devices": []}) is None
+
+
+# --- the probe path -------------------------------------------------------------------------------------------
+
+
+class FakeServer(BaseHTTPRequestHandler):
+    """A serving process: ``/v1/models`` and 1-token completions; a completion for an adapter not yet resident
+    allocates its 8 blocks in the fake allocator and records the load in the probe (as the vLLM plugin does)."""
+
+    cuda: FakeCuda
+    probe: Probe
+    resident: list[str]
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._send({"data": [{"id": "base"}, *({"id": n} for n in self.resident)]})
+        else:
+            self.send_error(404)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        model = body["model"]
+        if model != "base" and model not in self.resident:
+            start = time.time()
+            self.resident.append(model)
+            n = len(self.resident)
+            reserved = 20 * MIB * (1 if n * 8 <= 16 else 2)  # 16 blocks per 20 MiB segment
+            self.cuda.device_stats[0] = stats(reserved, n * 8 * BLOCK, n * 8 * ASKED)
+            self.probe.record_lora_load(model, 8, start, time.time(), on_demand=True, source="cpu_cache")
+        self._send({"choices": [{"text": "x"}]})
+
+
+@pytest.fixture
+def probe_server(tmp_path: Path) -> Iterator[tuple[str, Path, Probe]]:
+    cuda = FakeCuda({0: stats(0, 0, 0, **{"reserved_bytes.all.peak": 1})}, [])
+    probe = Probe("vllm-worker", tmp_path, fake_torch(cuda), env={}, interval=5.0).start()
+    handler = type("Handler", (FakeServer,), {"cuda": cuda, "probe": probe, "resident": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", tmp_path, probe
+    finally:
+        server.shutdown()
+        probe.stop()
+
+
+def test_adapter_steps_from_the_probe_documents(probe_server: tuple[str, Path, Probe]) -> None:
+    url, directory, _ = probe_server
+    session = DeviceWatch.start(DeviceWatch(directory, poll_interval=0.05), url, ("a1", "a2", "a3"))
+    with session:
+        pass
+    assert session.errors == [] or all("HTTP 404" in e for e in session.errors)
+    figures = session.figures([(0.0, time.time())])
+    for name in ("a1", "a2", "a3"):
+        assert figures[f"vram.{name}.requested_bytes"] == 8 * ASKED
+        assert figures[f"vram.{name}.allocated_bytes"] == 8 * BLOCK
+        assert figures[f"vram.{name}.rounding_overhead_bytes"] == 8 * (BLOCK - ASKED)
+    # 20 MiB segment steps: the first adapter opens a segment, the second fits in it, the third opens another.
+    assert [figures[f"vram.{n}.reserved_bytes"] for n in ("a1", "a2", "a3")] == [20.0 * MIB, 0.0, 20.0 * MIB]
+    assert figures["vram.adapters_reserved_bytes"] == 40.0 * MIB
+    assert figures["vram.rounding_overhead_bytes"] == 24.0 * (BLOCK - ASKED)
+    assert figures["frag.reserved_bytes"] == 40.0 * MIB
+    assert figures["util.mean_pct"] is None  # the probe has no utilisation; this server has no /sim/device-state
+
+
+def test_a_probe_document_without_devices_gives_no_reading(tmp_path: Path) -> None:
+    cuda = FakeCuda({}, [], available=False)
+    probe = Probe("vllm-worker", tmp_path, fake_torch(cuda), env={}, interval=5.0)
+    probe.write_now()
+    assert ProbeSource(tmp_path).read() is None
+
+
+# --- the experiment file ------------------------------------------------------------------------------------------
+
+
+def _experiment(tmp_path: Path, **trial: Any) -> Any:
+    doc = {
+        "version": 1, "name": "m", "parameters": {"n": 3, "w": "70,20,10"},
+        "adapters": [{"name": "t{i}", "count": "${n}", "rank": 8, "seed": 5}],
+        "profiles": {"p": {"version": 1, "traffic": [{"adapters": "${adapter_mix}"}], "stages": []}},
+        "trials": [{"name": "x", "profile": "p", "adapters": ["t{i}"], "adapter_count": "${n}", **trial}],
+        "analysis": {"kind": "multi_lora"},
+    }  # fmt: skip
+    return parse_experiment(doc, tmp_path / "m.yaml")
+
+
+def test_adapter_count_and_weights_expand(tmp_path: Path) -> None:
+    exp = _experiment(tmp_path, adapter_weights="{w}")
+    assert [(a.name, a.seed) for a in expand_adapters(exp)] == [("t1", 5), ("t2", 6), ("t3", 7)]
+    (trial,) = expand_trials(exp)
+    assert trial.adapters == ("t1", "t2", "t3")
+    assert trial.mix == (("t1", 70.0), ("t2", 20.0), ("t3", 10.0))
+    (equal,) = expand_trials(_experiment(tmp_path))
+    assert equal.mix == (("t1", 1.0), ("t2", 1.0), ("t3", 1.0))
+
+
+@pytest.mark.parametrize(
+    ("trial", "message"),
+    [
+        ({"adapter_weights": "70,30"}, "trials.0.adapter_weights: '70,30': give 3 positive weights, one per adapter"),
+        ({"adapter_weights": "a,b,c"}, "trials.0.adapter_weights: 'a,b,c': give comma-separated numbers or 'equal'"),
+        ({"adapter_count": 4}, "trials.0.adapters: no adapter 't4'"),
+        ({"adapter_count": "${w}"}, "trials.0.adapter_count: ${w} must give a positive integer, got '70,20,10'"),
+    ],
+)
+def test_bad_counts_and_weights_are_named(tmp_path: Path, trial: dict[str, Any], message: str) -> None:
+    with pytest.raises(ExperimentError) as err:
+        expand_trials(_experiment(tmp_path, **trial))
+    assert message in str(err.value)
