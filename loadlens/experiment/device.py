@@ -42,8 +42,10 @@ from loadlens.contracts.probe_document import ProbeDocument
 from loadlens.util.probe_directory import ProbeReader
 
 DEVICE_STATE_PATH = "/sim/device-state"
-MIN_AUTOCORRELATION = 0.2
+MIN_AUTOCORRELATION = 0.3
 """The swing period is reported only when the autocorrelation at that lag is at least this (else: no cycle)."""
+MIN_CYCLES = 4
+"""... and the window holds at least this many periods."""
 TOUCH_PROMPT = "hi"
 """The 1-token requests' prompt: shorter than one 16-token block, so no prefix cache hit changes its work."""
 
@@ -191,8 +193,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def swing_period(values: list[float], interval: float) -> float | None:
     """The dominant period (seconds) of an evenly sampled series: the lag of the highest autocorrelation after
-    its first drop below zero, if that autocorrelation is at least :data:`MIN_AUTOCORRELATION`. None for a flat
-    series, no such peak, or a period under two sample intervals (Nyquist: not resolvable)."""
+    its first drop below zero, up to a :data:`MIN_CYCLES`-th of the series, if that autocorrelation is at least
+    :data:`MIN_AUTOCORRELATION`. None for a flat series, no such peak, or a period under two sample intervals
+    (Nyquist: not resolvable)."""
     n = len(values)
     if n < 8:
         return None
@@ -205,11 +208,11 @@ def swing_period(values: list[float], interval: float) -> float | None:
     def acf(k: int) -> float:
         return sum(dev[i] * dev[i + k] for i in range(n - k)) / var
 
-    lags = range(1, n // 2 + 1)
-    crossing = next((k for k in lags if acf(k) < 0), None)
+    longest = n // MIN_CYCLES
+    crossing = next((k for k in range(1, longest + 1) if acf(k) < 0), None)
     if crossing is None:
         return None
-    best = max(range(crossing + 1, n // 2 + 1), key=acf, default=None)
+    best = max(range(crossing + 1, longest + 1), key=acf, default=None)
     if best is None or acf(best) < MIN_AUTOCORRELATION or best < 2:
         return None
     return best * interval
