@@ -246,7 +246,7 @@ class ExperimentRunner:
             self.profiles[t.name] = Path(doc)
             return doc
         text = yaml.safe_dump(doc, sort_keys=False)
-        suffix = "-".join(f"{k}={v}" for k, v in sorted(t.vars.items()))
+        suffix = "-".join([*(f"{k}={v}" for k, v in sorted(t.vars.items())), *(f"{a}={w:g}" for a, w in t.mix)])
         path = self.dir / "profiles" / (f"{t.profile}-{suffix}.yaml" if suffix else f"{t.profile}.yaml")
         path.write_text(text)
         self.profiles[t.name] = path

@@ -259,6 +259,9 @@ def test_multi_lora_on_the_sim(tmp_path: Path) -> None:
     directory = tmp_path / "experiments" / "ci"
     result = parse_experiment_result(json.loads((directory / "experiment_result.json").read_text()))
     assert [t.status for t in result.trials] == ["done", "done"]
+    for t in result.trials:  # each trial's traffic goes to its own adapters, every request answered
+        assert {k.split(".")[1] for k in t.figures if k.startswith("models.")} == set(t.adapters)
+        assert t.figures["error_ratio"].mean == 0.0
     tables = {t.name: t.rows for t in result.tables}
     mib2 = 2 * MIB
     steps = [(r["trial"], r["adapter"], r["requested_bytes"], r["allocated_bytes"], r["reserved_bytes"])
