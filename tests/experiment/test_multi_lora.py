@@ -279,9 +279,8 @@ def test_multi_lora_on_the_sim(tmp_path: Path) -> None:
     util = {r["tasks"]: r for r in tables["utilisation"]}
     assert util[1]["interval_ms"] == util[3]["interval_ms"] == 10.0
     assert util[3]["peak_to_trough_pct"] > util[1]["peak_to_trough_pct"] + 40.0  # type: ignore[operator]
-    # The swaps make a cycle (~120 ms in runs here); the one-adapter series has none to find (a few points of
-    # noise: null or whatever weak beat the autocorrelation rule lets through).
-    assert 20.0 <= util[3]["swing_period_ms"] <= 1000.0  # type: ignore[operator]
+    # The swing period is not asserted: the swaps' cycle (120 ms in unloaded runs here) stretches when the
+    # machine starves the sim (null in a run beside another vLLM: docs/experiments.md, *multi-lora*).
     findings = {f.name: f.passed for f in result.findings}
     assert findings == {"more_adapter_memory": True, "larger_swing": True}
     done = {r["model"]: r["completed"] for r in tables["models"] if r["trial"] == "3-adapters"}
