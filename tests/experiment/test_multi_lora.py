@@ -23,7 +23,16 @@ import pytest
 
 from exporters.probe.probe import Probe
 from loadlens.contracts.allocator_math import AllocatorReading
-from loadlens.contracts.experiment_result import parse_experiment_result
+from loadlens.contracts.experiment_result import (
+    ExperimentInfo,
+    ExperimentResult,
+    ServerInfo,
+    Stat,
+    Trial,
+    parse_experiment_result,
+)
+from loadlens.contracts.slo import load_slos
+from loadlens.experiment.analysis.multi_lora import multi_lora_analysis
 from loadlens.experiment.device import (
     DeviceWatch,
     ProbeSource,
@@ -34,7 +43,7 @@ from loadlens.experiment.device import (
     swing_period,
     util_figures,
 )
-from loadlens.experiment.models import ExperimentError, expand_adapters, expand_trials, parse_experiment
+from loadlens.experiment.models import Analysis, ExperimentError, expand_adapters, expand_trials, parse_experiment
 from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
 from tests.support.paths import ROOT
 
@@ -299,3 +308,27 @@ def test_multi_lora_on_the_sim(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     page = (directory / "report" / "index.html").read_text()
     assert "GPU utilisation during the measured load" in page and "VRAM step per adapter" in page
+
+
+def _trial(i: int, names: list[str], figures: dict[str, float | None]) -> Trial:
+    stats = {k: Stat(mean=v, n=1, values=[v]) for k, v in figures.items()}
+    return Trial(index=i, name=f"t{i}", profile="p", adapters=names, status="done", figures=stats)
+
+
+def test_the_analysis_compares_the_fewest_adapters_with_the_most() -> None:
+    one = _trial(0, ["a"], {"vram.adapters_allocated_bytes": 1.0, "util.peak_to_trough_pct": 5.0})
+    many = _trial(1, ["a", "b"], {"vram.adapters_allocated_bytes": 2.0, "util.peak_to_trough_pct": None})
+    doc = ExperimentResult(
+        schema="loadlens.experiment_result", run_id="x", start_time="2026-01-01T00:00:00Z",
+        experiment=ExperimentInfo(name="m", source="m.yaml", sha256="", repeats=1, time_scale=1, users_scale=1,
+                                  analysis="multi_lora"),
+        server=ServerInfo(mode="urls"), trials=[many, one],
+    )  # fmt: skip
+    multi_lora_analysis(Analysis(kind="multi_lora"), doc, load_slos(None))
+    assert [(f.name, f.passed) for f in doc.findings] == [("more_adapter_memory", True), ("larger_swing", None)]
+    assert "utilisation is null" in doc.findings[1].detail
+    steps = [(r["trial"], r["step"], r["adapter"]) for r in doc.tables[2].rows]
+    assert steps == [("t1", 1, "a"), ("t1", 2, "b"), ("t0", 1, "a")]
+    doc.trials = [one, _trial(2, ["b"], {})]
+    multi_lora_analysis(Analysis(kind="multi_lora"), doc, load_slos(None))
+    assert [(f.name, f.passed) for f in doc.findings] == [("compared", None)]

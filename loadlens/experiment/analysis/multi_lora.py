@@ -125,8 +125,8 @@ def _compare(name: str, one: Trial, many: Trial, key: str, what: str, unit: str,
 
 def _findings(done: list[Trial]) -> list[Finding]:
     with_adapters = [t for t in done if t.adapters]
-    if len(with_adapters) < 2:
-        return [Finding(name="compared", passed=None, detail="needs two finished trials with adapters")]
+    if len({len(t.adapters) for t in with_adapters}) < 2:
+        return [Finding(name="compared", passed=None, detail="needs finished trials with two adapter counts")]
     one = min(with_adapters, key=lambda t: len(t.adapters))
     many = max(with_adapters, key=lambda t: len(t.adapters))
     return [
