@@ -17,6 +17,7 @@ SERIAL: dict[str, str] = {
     "tests/experiment/test_sim_experiments.py::test_batching_window_on_the_sim": "a U-curve fitted to measured E2E",
     "tests/experiment/test_sim_experiments.py::test_token_budget_on_the_sim": "mean running sequences per grid point",
     "tests/loadgen/test_saturation_sim.py": "a stage below capacity must be judged stable",
+    "tests/experiment/test_multi_lora.py::test_multi_lora_on_the_sim": "utilisation swing on the wall clock",
     "tests/loadgen/test_traces.py::test_mooncake_replay_on_the_sim": "each trace row reaches the sim within 250 ms",
     "tests/loadgen/test_traces.py::test_burstgpt_replay_scaled_on_the_sim": "each scaled trace row within 250 ms",
     "tests/stack/test_stack_e2e.py": "a TTFT page within 45 s of the breach, its resolution within 60 s",

@@ -17,6 +17,7 @@ from loadlens.contracts.experiment_result import EXPERIMENT_FILE, ExperimentResu
 from loadlens.contracts.slo import SLOConfigError, load_slos
 from loadlens.experiment.adapters import AdapterBook
 from loadlens.experiment.analysis.analyse import analyse, stopper
+from loadlens.experiment.device import DeviceWatch
 from loadlens.experiment.html import write_html
 from loadlens.experiment.models import (
     ExperimentError,
@@ -77,6 +78,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "made for (default with the sim: its model profile)")  # fmt: skip
     arg(p, "--server-adapter-dir", help="where the server reads RESULTS/experiments/RUN_ID/adapters (default: "
         "that path: the server shares this file system)")  # fmt: skip
+    arg(
+        p,
+        "--device-probe-dir",
+        help="multi_lora: take the allocator figures from the in-process probe's "
+        "documents in this directory (a CUDA host's LOADLENS_PROBE_DIR) instead of the sim's /sim/device-state",
+    )
     arg(p, "--dry-run", action="store_true", help="validate and print the trials, start nothing")
     p.set_defaults(handler=run)
 
@@ -96,6 +103,12 @@ def _server(args: argparse.Namespace, exp_dir: Path, sim_spec: object, with_adap
         return AdminServer(args.host, args.admin_token)
     lora_root = (exp_dir / "adapters").resolve() if with_adapters else None
     return SimServer(sim_spec, exp_dir / "server.log", speed=args.speed, lora_root=lora_root)
+
+
+def _probe_dir(value: str | None) -> Path | None:
+    if value and not Path(value).is_dir():
+        raise UsageError(f"--device-probe-dir: {value} is not a directory")
+    return Path(value) if value else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         resume=args.resume,
         lora_base=lora_base,
+        device=DeviceWatch(_probe_dir(args.device_probe_dir), token=args.api_key)
+        if exp.spec.analysis.kind == "multi_lora"
+        else None,
     )
     runner_cls = SearchRunner if exp.spec.search is not None else ExperimentRunner
     runner = runner_cls(exp, trials, server, opts, analyse=analyse(exp.spec.analysis, slos, exp.spec.search),

@@ -24,16 +24,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from loadlens.contracts.packaged import UnknownName, packaged_names, resolve_packaged
+from loadlens.experiment.adapter_spec import AdapterSpec as AdapterSpec
+from loadlens.experiment.adapter_spec import PlannedAdapter as PlannedAdapter
+from loadlens.experiment.adapter_spec import adapter_count, indexed, shares
+from loadlens.experiment.errors import ExperimentError as ExperimentError
 
 PACKAGED = Path(__file__).with_name("experiments")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,62}$")
 
 Scalar = float | int | str | bool
 Param = Scalar | list[Scalar]
-
-
-class ExperimentError(ValueError):
-    """A broken experiment file or parameter; the message names the field."""
 
 
 class _Model(BaseModel):
@@ -78,31 +78,6 @@ class SweepAxis(_Model):
         return self
 
 
-class AdapterSpec(_Model):
-    """A LoRA adapter the experiment writes with ``loadlens lora make`` before anything runs (into
-    ``EXPDIR/adapters/NAME``) and trials load onto their server. With ``rank: "${PARAM}"`` (a list parameter)
-    it is one adapter per rank, ``name`` holding ``{rank}``."""
-
-    name: str
-    """A template: ``r{rank}``."""
-    rank: int | str = Field(default=8)
-    alpha: float | None = Field(default=None, gt=0)
-    """``lora_alpha``; default 2 x rank (``loadlens lora make``'s default)."""
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    init_b: Literal["random", "zero"] = "random"
-    seed: int = 0
-
-    @field_validator("rank")
-    @classmethod
-    def _rank(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"must be at least 1, got {value}")
-        if isinstance(value, str) and not (value.startswith("${") and value.endswith("}")):
-            raise ValueError(f"a positive integer or '${{PARAM}}', got {value!r}")
-        return value
-
-
 class SwapSchedule(_Model):
     """Scheduled hot swaps during each run of the trial (loadlens/experiment/swap_driver.py)."""
 
@@ -122,7 +97,11 @@ class TrialSpec(_Model):
     """Values for the profile's ``${NAME}`` placeholders; a string value is a template too (``"r{rank}"``)."""
     adapters: list[str] = Field(default_factory=list)
     """Adapters (names of the experiment's ``adapters``, templates) loaded onto the server before the trial's
-    runs and unloaded after it."""
+    runs and unloaded after it. With ``adapter_count`` an entry holding ``{i}`` stands for i = 1 ... count."""
+    adapter_count: int | str | None = None  # how many {i} adapters: a positive integer or "${PARAM}"
+    adapter_weights: str = ""
+    """The trial's traffic shares over its adapters (a template, ``"{weights}"``): comma-separated numbers, one
+    per adapter, or empty / ``equal`` for equal shares; the profile gets them as ``"${adapter_mix}"``."""
     sweep: dict[str, SweepAxis] = Field(default_factory=dict)
     host: str | None = None
     """This trial's server URL (per-trial URL mode); knobs are then applied there through its admin API."""
@@ -141,7 +120,9 @@ class TrialSpec(_Model):
 
 
 class Analysis(_Model):
-    kind: Literal["table", "u_curve", "fairness", "token_budget", "burst", "search", "hot_swap", "lora_rank"]
+    kind: Literal[
+        "table", "u_curve", "fairness", "token_budget", "burst", "search", "hot_swap", "lora_rank", "multi_lora"
+    ]
     x: str | None = None
     """The swept parameter on the x axis (u_curve)."""
     y: str = "p99_e2el_ms"
@@ -242,6 +223,7 @@ class PlannedTrial:
     adapters: tuple[str, ...] = ()
     """The adapters loaded for this trial (names of :func:`expand_adapters`)."""
     swaps: PlannedSwaps | None = None
+    mix: tuple[tuple[str, float], ...] = ()  # adapter traffic shares (adapter_weights): ${adapter_mix}
 
 
 @dataclass(frozen=True)
@@ -250,19 +232,6 @@ class PlannedSwaps:
 
     every: float
     adapters: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class PlannedAdapter:
-    """One adapter after expansion: its rank filled in."""
-
-    name: str
-    rank: int
-    alpha: float
-    target_modules: tuple[str, ...]
-    dtype: str
-    init_b: str
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -346,8 +315,9 @@ def expand_trials(exp: Experiment) -> list[PlannedTrial]:
             host = _fill(t.host, scope, f"{where}.host") if t.host else None
             adapters = _trial_adapters(t, scope, known, f"{where}.adapters")
             swaps = _swaps(t, scope, known, adapters, f"{where}.swaps")
+            mix = shares(adapters, _fill(t.adapter_weights, scope, f"{where}.adapter_weights"), where)
             recorded: dict[str, Scalar] = {**t.label, **swept}
-            out.append(PlannedTrial(len(out), name, t.profile, knobs, tvars, recorded, host, adapters, swaps))
+            out.append(PlannedTrial(len(out), name, t.profile, knobs, tvars, recorded, host, adapters, swaps, mix=mix))
     names = [p.name for p in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -372,7 +342,9 @@ def level_trial(exp: Experiment, value: float, index: int) -> PlannedTrial:
     host = _fill(t.host, scope, f"{where}.host") if t.host else None
     known = {a.name for a in expand_adapters(exp)}
     adapters = _trial_adapters(t, scope, known, f"{where}.adapters")
-    return PlannedTrial(index, name, t.profile, knobs, tvars, {**t.label, exp.spec.search.var: v}, host, adapters)
+    mix = shares(adapters, _fill(t.adapter_weights, scope, f"{where}.adapter_weights"), where)
+    params = {**t.label, exp.spec.search.var: v}
+    return PlannedTrial(index, name, t.profile, knobs, tvars, params, host, adapters, mix=mix)
 
 
 def _fill_vars(tvars: dict[str, Scalar], scope: dict[str, Param], where: str) -> dict[str, Scalar]:
@@ -380,7 +352,8 @@ def _fill_vars(tvars: dict[str, Scalar], scope: dict[str, Param], where: str) ->
 
 
 def _trial_adapters(t: TrialSpec, scope: dict[str, Param], known: set[str], where: str) -> tuple[str, ...]:
-    names = tuple(_fill(a, scope, where) for a in t.adapters)
+    entries = indexed(t.adapters, t.adapter_count, scope, f"{where[: -len('.adapters')]}.adapter_count")
+    names = tuple(_fill(a, scope, where) for a in entries)
     for name in names:
         if name not in known:
             raise ExperimentError(f"{where}: no adapter {name!r} (the experiment's adapters: {sorted(known)})")
@@ -419,14 +392,15 @@ def expand_adapters(exp: Experiment) -> list[PlannedAdapter]:
             ranks: list[Scalar | None] = list(value) if isinstance(value, list) else [value]
         else:
             ranks = [a.rank]
-        for rank in ranks:
+        count = adapter_count(a, exp.spec.parameters, where)
+        for rank, i in itertools.product(ranks, range(1, count + 1)):
             if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
                 raise ExperimentError(f"{where}.rank: {a.rank} must give positive integers, got {rank!r}")
-            name = _fill(a.name, {**exp.spec.parameters, "rank": rank}, f"{where}.name")
+            name = _fill(a.name, {**exp.spec.parameters, "rank": rank, "i": i}, f"{where}.name")
             if not NAME_RE.match(name):
                 raise ExperimentError(f"{where}.name: {name!r} is not a safe adapter name ({NAME_RE.pattern})")
             alpha = float(a.alpha) if a.alpha is not None else 2.0 * rank
-            out.append(PlannedAdapter(name, rank, alpha, tuple(a.target_modules), a.dtype, a.init_b, a.seed))
+            out.append(PlannedAdapter(name, rank, alpha, tuple(a.target_modules), a.dtype, a.init_b, a.seed + i - 1))
     names = [a.name for a in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -483,7 +457,7 @@ def load_experiment(name_or_path: str) -> Experiment:
     return parse_experiment(doc, path)
 
 
-def substitute(doc: Any, values: dict[str, Param]) -> Any:
+def substitute(doc: Any, values: dict[str, Any]) -> Any:
     """``doc`` with every string ``"${name}"`` replaced by ``values[name]`` (typed), recursively; a mapping key
     ``"${name}"`` becomes ``str(values[name])`` (``adapters: {"${adapter}": 70, base: 30}``)."""
     if isinstance(doc, dict):

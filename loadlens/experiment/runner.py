@@ -43,6 +43,7 @@ from loadlens.contracts.experiment_result import (
     parse_experiment_result,
 )
 from loadlens.contracts.slo import load_slos
+from loadlens.experiment.device import DeviceWatch
 from loadlens.experiment.figures import aggregate, extract_figures, measured_windows
 from loadlens.experiment.models import Experiment, ExperimentError, PlannedTrial, substitute
 from loadlens.experiment.sampler import ServerSampler
@@ -67,6 +68,7 @@ class RunOptions:
     sample_interval: float = 0.25
     lora_base: str | None = None
     """The base model the experiment's adapters are made for (config.json, model directory, sim profile)."""
+    device: DeviceWatch | None = None  # multi_lora: VRAM steps per adapter and utilisation (experiment/device.py)
 
 
 def _now() -> str:
@@ -99,7 +101,7 @@ def trial_profile(exp: Experiment, trial: PlannedTrial, base: Path) -> dict[str,
     raw = exp.spec.profiles[trial.profile]
     if isinstance(raw, str):
         return raw
-    doc: dict[str, Any] = substitute(raw, {**exp.spec.parameters, **trial.vars})
+    doc: dict[str, Any] = substitute(raw, {**exp.spec.parameters, **trial.vars, "adapter_mix": dict(trial.mix)})
     stages = doc.get("stages")
     warm = exp.spec.warmup
     if (
@@ -244,7 +246,7 @@ class ExperimentRunner:
             self.profiles[t.name] = Path(doc)
             return doc
         text = yaml.safe_dump(doc, sort_keys=False)
-        suffix = "-".join(f"{k}={v}" for k, v in sorted(t.vars.items()))
+        suffix = "-".join([*(f"{k}={v}" for k, v in sorted(t.vars.items())), *(f"{a}={w:g}" for a, w in t.mix)])
         path = self.dir / "profiles" / (f"{t.profile}-{suffix}.yaml" if suffix else f"{t.profile}.yaml")
         path.write_text(text)
         self.profiles[t.name] = path
@@ -310,7 +312,8 @@ class ExperimentRunner:
             result_path.unlink()  # a partial run of an interrupted experiment
         start = time.time()
         driver = SwapDriver(url, trial.swaps, self.server.adapters, self.server.token)
-        with log.open("wb") as out, ServerSampler(url, self.opts.sample_interval) as sampler, driver:
+        device = DeviceWatch.start(self.opts.device, url, trial.adapters)  # before the load: it sends requests
+        with log.open("wb") as out, ServerSampler(url, self.opts.sample_interval) as sampler, driver, device:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
                 code = proc.wait()
@@ -323,15 +326,11 @@ class ExperimentRunner:
                     proc.wait()
                 raise Interrupted from None
         end = time.time()
-
-        def rel(path: Path) -> str:
-            return str(path.relative_to(self.dir))
-
         run = TrialRun(
             repeat=repeat,
             run_id=run_id,
-            result_path=rel(result_path),
-            log_path=rel(log),
+            result_path=str(result_path.relative_to(self.dir)),
+            log_path=str(log.relative_to(self.dir)),
             exit_code=code,
             completed=False,
             start_timestamp=start,
@@ -348,6 +347,7 @@ class ExperimentRunner:
         run.server = sampler.summary(
             measured_windows(doc), load_slos(self.opts.slo_file or None).lora_swap.delay_seconds, driver
         )
+        run.figures.update(device.figures(measured_windows(doc)))
         completed = run.figures.get("completed")
         if run.server.preemptions is not None and completed:
             run.figures["preemptions_per_request"] = run.server.preemptions / completed

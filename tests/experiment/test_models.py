@@ -53,6 +53,7 @@ def test_packaged_experiments_load_and_expand() -> None:
         "fairness",
         "hot-swap",
         "lora-rank",
+        "multi-lora",
         "seed-benchmark",
         "slo-search",
         "token-budget",
@@ -65,6 +66,7 @@ def test_packaged_experiments_load_and_expand() -> None:
     assert names["burst-capacity"] == ["b8", "b16", "b32", "b64", "b128", "b256"]
     assert names["slo-search"] == ["c8"]  # the first level; the search plans the rest
     assert names["hot-swap"] == ["scheduled", "on-demand"]
+    assert names["multi-lora"] == ["1-adapter", "3-adapters"]
 
 
 def test_sweep_fills_knob_names_values_and_names_from_parameters(tmp_path: Path) -> None:
@@ -118,7 +120,7 @@ def test_profile_variables_are_typed() -> None:
         (
             {"analysis": {"kind": "magic"}},
             "exp.yaml: analysis.kind: Input should be 'table', 'u_curve', 'fairness', 'token_budget', 'burst',"
-            " 'search', 'hot_swap' or 'lora_rank'",
+            " 'search', 'hot_swap', 'lora_rank' or 'multi_lora'",
         ),
         ({"extra": 1}, "exp.yaml: extra: Extra inputs are not permitted"),
     ],
@@ -161,7 +163,7 @@ def test_cli_rejects_a_bad_profile_inside_the_experiment(tmp_path: Path, capsys:
         (
             ["nosuch"],
             "experiment 'nosuch': no such packaged experiment (batching-window, burst-capacity, fairness,"
-            " hot-swap, lora-rank, seed-benchmark, slo-search, token-budget) or file",
+            " hot-swap, lora-rank, multi-lora, seed-benchmark, slo-search, token-budget) or file",
         ),
         (["fairness", "--resume"], "--resume needs --run-id (the experiment directory to continue)"),
         (

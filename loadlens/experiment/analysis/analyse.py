@@ -17,6 +17,7 @@ from loadlens.contracts.slo import SLOConfig
 from loadlens.experiment.analysis.fits import FORMULA, FitError, UCurveFit, fit_u_curve
 from loadlens.experiment.analysis.hot_swap import hot_swap_analysis
 from loadlens.experiment.analysis.lora_rank import lora_rank_analysis
+from loadlens.experiment.analysis.multi_lora import multi_lora_analysis
 from loadlens.experiment.models import Analysis, Search
 
 PERCENTILE_KEY = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99", 0.999: "p99.9"}
@@ -452,6 +453,7 @@ KINDS: dict[str, Callable[[Analysis, ExperimentResult, SLOConfig], None]] = {
     "burst": burst_analysis,
     "hot_swap": hot_swap_analysis,
     "lora_rank": lora_rank_analysis,
+    "multi_lora": multi_lora_analysis,
 }
 
 
