@@ -181,3 +181,20 @@ def test_report_refuses_a_broken_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["report", "--results", str(tmp_path / "gpu_bench.json")]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "loadlens report: error: gpu_bench.json: created: Field required"]  # fmt: skip
+
+
+def test_help_imports_no_torch() -> None:
+    """``loadlens gpu-bench --help`` works on an install without torch: torch is imported only to measure."""
+    import subprocess
+
+    from tests.support.paths import ROOT
+
+    code = (
+        "import sys\n"
+        "from loadlens.cli import main\n"
+        "try:\n    main(['gpu-bench', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "TORCH False"
