@@ -9,6 +9,7 @@ warnings) gives an ``unavailable`` row with the first reason; running out of mem
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable
@@ -83,6 +84,10 @@ def flash_attn_func() -> Callable[..., Any] | None:
     return func  # type: ignore[no-any-return]
 
 
+NO_KERNEL = ("No available kernel", "No viable backend")
+"""How PyTorch says that none of the allowed SDPA backends takes the call."""
+
+
 class _Attempt:
     """Runs one kernel: its timings, or why not (``status`` and ``reason``)."""
 
@@ -90,23 +95,33 @@ class _Attempt:
         self.torch = torch
 
     def run(
-        self, fn: Callable[[], object], timer: Timer, warmup: int, iterations: int
+        self,
+        fn: Callable[[], object],
+        timer: Timer,
+        warmup: int,
+        iterations: int,
+        context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> tuple[list[float] | None, str, str | None]:
+        """``context`` (the ``sdpa_kernel`` choice) is entered once around the first call and the timing, so
+        its cost is not in the timed calls."""
         torch = self.torch
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    fn()  # the first call says whether the backend takes this shape
-                except RuntimeError as err:
-                    if isinstance(err, torch.OutOfMemoryError):
-                        raise
-                    # PyTorch says why each backend declined in warnings, then raises "No available kernel".
-                    messages = [str(w.message) for w in caught]
-                    return None, "unavailable", one_line("; ".join(messages) or str(err))
-            return timer(fn, warmup, iterations), "ok", None
+            with context():
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    try:
+                        fn()  # the first call says whether the backend takes this shape
+                    except RuntimeError as err:
+                        if isinstance(err, torch.OutOfMemoryError) or not any(m in str(err) for m in NO_KERNEL):
+                            raise
+                        # PyTorch says why each backend declined in warnings, then raises "No available kernel".
+                        messages = [str(w.message) for w in caught]
+                        return None, "unavailable", one_line("; ".join(messages) or str(err))
+                return timer(fn, warmup, iterations), "ok", None
         except torch.OutOfMemoryError:
             return None, "error", "out of memory"
+        except RuntimeError as err:  # a kernel that failed to run (not a declined backend): say so, go on
+            return None, "error", one_line(str(err))
         finally:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -133,15 +148,17 @@ def _math_skip(batch: int, heads: int, seq: int, dtype: str) -> str | None:
     return f"skipped: the math backend would materialise {scores / 2**30:.0f} GiB of scores"
 
 
-def _sdpa_call(torch: Any, backend: Any, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], object]:
-    from torch.nn.attention import sdpa_kernel
+def _sdpa_call(torch: Any, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], object]:
     from torch.nn.functional import scaled_dot_product_attention
 
-    def call() -> object:
-        with sdpa_kernel(backend):
-            return scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return lambda: scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    return call
+
+def _only(backend: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """``sdpa_kernel`` allowing ``backend`` alone, so PyTorch cannot fall back to another."""
+    from torch.nn.attention import sdpa_kernel
+
+    return lambda: sdpa_kernel(backend)
 
 
 def attention(torch: Any, plan: Plan, device: str, timer: Timer, peak: float | None) -> list[AttentionRow]:
@@ -159,6 +176,7 @@ def attention(torch: Any, plan: Plan, device: str, timer: Timer, peak: float | N
                 seconds: list[float] | None = None
                 status, reason = "unavailable", None
                 fn: Callable[[], object] | None = None
+                scope: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
                 if name == FLASH_ATTN:
                     if fa is None:
                         continue  # not installed: no row (docs/gpu-bench.md)
@@ -168,9 +186,9 @@ def attention(torch: Any, plan: Plan, device: str, timer: Timer, peak: float | N
                 elif name == "math" and _math_skip(batch, heads, seq, dtype):
                     reason = _math_skip(batch, heads, seq, dtype)
                 else:
-                    fn = _sdpa_call(torch, backends[name], q, k, v, plan.causal)
+                    fn, scope = _sdpa_call(torch, q, k, v, plan.causal), _only(backends[name])
                 if fn is not None:
-                    seconds, status, reason = attempt.run(fn, timer, plan.warmup, plan.iterations)
+                    seconds, status, reason = attempt.run(fn, timer, plan.warmup, plan.iterations, scope)
                 rows.append(counts.attention_row(name, **shape, seconds=seconds, peak_flops=peak, reason=reason,  # type: ignore[arg-type]
                                                  status=status))  # fmt: skip
             del q, k, v
@@ -194,6 +212,7 @@ def decode(torch: Any, plan: Plan, device: str, timer: Timer, hbm: float | None)
                 seconds: list[float] | None = None
                 status, reason = "unavailable", None
                 fn: Callable[[], object] | None = None
+                scope: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
                 if name == FLASH_ATTN:
                     if fa is None:
                         continue
@@ -201,9 +220,9 @@ def decode(torch: Any, plan: Plan, device: str, timer: Timer, hbm: float | None)
                 elif name not in backends:
                     reason = f"this torch has no SDPBackend for {name}"
                 else:
-                    fn = _sdpa_call(torch, backends[name], q, k, v, False)
+                    fn, scope = _sdpa_call(torch, q, k, v, False), _only(backends[name])
                 if fn is not None:
-                    seconds, status, reason = attempt.run(fn, timer, plan.warmup, plan.iterations)
+                    seconds, status, reason = attempt.run(fn, timer, plan.warmup, plan.iterations, scope)
                 rows.append(counts.decode_row(name, **shape, seconds=seconds, hbm=hbm, reason=reason, status=status))  # type: ignore[arg-type]
             del q, k, v
     return rows
