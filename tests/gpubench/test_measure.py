@@ -6,13 +6,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-import pytest
+import torch
 
 from loadlens.gpubench import counts, measure
 from loadlens.gpubench.plan import build_plan
 from tests.gpubench.h200_figures import LLAMA_8B
-
-torch = pytest.importorskip("torch")
 
 
 def fixed_timer(seconds: float) -> measure.Timer:
