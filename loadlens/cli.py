@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "experiment": "loadlens.experiment.cli",
     "compare": "loadlens.experiment.compare",
     "lora": "loadlens.lora.cli",
+    "gpu-bench": "loadlens.gpubench.cli",
 }
 
 

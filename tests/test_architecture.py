@@ -38,6 +38,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.train_demo": (*BASE, "loadlens.stack"),
     "loadlens.codegen": (*BASE, "loadlens.alerting", "loadlens.dashboards"),
     "loadlens.lora": BASE,
+    # lora.shapes reads a config.json the way `loadlens lora make` does
+    "loadlens.gpubench": (*BASE, "loadlens.lora"),
     "loadlens.cli": BASE,
     "loadlens": (),  # loadlens/__init__.py: the version only
     "exporters": (),

@@ -44,8 +44,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--results",
         type=Path,
         metavar="PATH",
-        help="the run's directory or its benchmark_result.json, or an experiment's directory or its "
-        "experiment_result.json",
+        help="the run's directory or its benchmark_result.json, an experiment's directory or its "
+        "experiment_result.json, or a loadlens gpu-bench directory or its gpu_bench.json",
         env_prefix=ENV,
     )
     env_arg(
@@ -123,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
     results: Results | None = None
     if args.results is not None:
         from loadlens.report.experiment import experiment_file
+        from loadlens.report.gpu_bench import gpu_bench_file
+
+        bench = gpu_bench_file(args.results)
+        if bench is not None:
+            return gpu_bench_report(args, bench)
 
         experiment = experiment_file(args.results)
         if experiment is not None:
@@ -259,6 +264,32 @@ def build_report(
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def gpu_bench_report(args: argparse.Namespace, file: Path) -> int:
+    """``--results`` names a ``loadlens gpu-bench`` result: its tables as one page, without Prometheus."""
+    from loadlens.contracts.gpu_bench_result import GpuBenchError
+    from loadlens.report.gpu_bench import load_gpu_bench, render_gpu_bench_page
+
+    try:
+        result = load_gpu_bench(file)
+    except GpuBenchError as err:
+        raise UsageError(str(err)) from None
+    out = args.out if args.out is not None else file.parent / REPORT_DIR
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a directory")
+    page = render_gpu_bench_page(result, source=str(file), generated=time.time())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / REPORT_FILE
+        tmp = path.with_suffix(".html.tmp")
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        print(f"loadlens report: error: cannot write {out}: {err.strerror}", file=sys.stderr)
+        return 1
+    print(f"loadlens report: {path}")
+    return 0
 
 
 def experiment_report(args: argparse.Namespace, file: Path) -> int:

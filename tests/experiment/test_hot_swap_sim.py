@@ -23,12 +23,13 @@ import pytest
 import yaml
 
 from loadlens.contracts.experiment_result import ExperimentResult, parse_experiment_result
+from loadlens.contracts.gpu_profile import GPU_DIR
 from loadlens.experiment.models import resolve_experiment_path
 from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-GPU_PROFILE = ROOT / "exporters/serving/engines/sim/profiles/gpus/a100-80gb-sxm.yaml"
+GPU_PROFILE = GPU_DIR / "a100-80gb-sxm.yaml"
 COSTS = {
     "slow": {"adapter_read_bytes_per_s": 1e8, "adapter_load_fixed_seconds": 0.5, "host_to_device_bytes_per_s": 1e8},
     "fast": {"adapter_read_bytes_per_s": 1e13, "adapter_load_fixed_seconds": 1e-6, "host_to_device_bytes_per_s": 1e13},
