@@ -93,6 +93,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     arg(
         p,
+        "--collect-interval",
+        type=positive_float,
+        default=1.0,
+        help="seconds between the sampler's passes over the collectors (every NVML read the scrape serves); "
+        "a scrape serves the latest pass, so this is the staleness it may see",
+    )
+    arg(
+        p,
         "--collectors",
         default="default",
         help="comma-separated collectors; 'default' = device,utilization,memory,processes,power,clock_events,"
@@ -219,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         sample_interval=args.sample_interval,
         window=args.window,
         stats_every=args.stats_interval,
+        collect_interval=args.collect_interval,
         max_processes=args.max_processes,
         step_bytes=args.memory_step_bytes,
         proc_root="/proc" if backend == "nvml" else None,  # sim pids are not this host's processes

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from exporters.gpu.exposition import text_exposition
 from exporters.gpu.families import RowCounter, RowGauge
 from exporters.gpu.nvml import ErrorKind, NvmlError
 from exporters.gpu.session import DEVICE_LABELS, Device, Session
@@ -44,7 +46,9 @@ __all__ = [
     "CollectorRun",
     "GpuCollector",
     "GpuExporterCollector",
+    "HealthReading",
     "Scrape",
+    "Snapshot",
     "counter",
     "gauge",
     "health_families",
@@ -223,12 +227,55 @@ class SamplerHealth(Protocol):
 
     ticks_total: int
     errors_total: int
+    cpu_seconds_total: float
+    last_tick_at: float | None
     interval: float
     window: float
+    collect_every: float
+
+
+@dataclass(frozen=True)
+class HealthReading:
+    """The session's health as of the end of a sampling pass (the scrape never takes the session lock)."""
+
+    up: bool
+    devices: int
+    init_failures_total: int
+    reinits_total: int
+    errors: list[tuple[tuple[str, str], int]]
+
+    @classmethod
+    def of(cls, session: Session) -> HealthReading:
+        with session.lock:
+            return cls(
+                session.up,
+                len(session.all_devices()),
+                session.init_failures_total,
+                session.reinits_total,
+                sorted(session.errors_total.items()),
+            )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One sampling pass: every collector's run with the monotonic time its reads began (``taken_at``), the
+    families a scrape serves (collectors' families, their health and the session's, already merged), and
+    those families in text format 0.0.4, encoded once per pass so that a scrape only copies bytes."""
+
+    runs: list[tuple[CollectorRun, float]]
+    families: list[Metric]
+    text: bytes
 
 
 class GpuExporterCollector(Collector):
-    """Runs the enabled sub-collectors and adds exporter health. The only collector the exporter registers."""
+    """Serves the latest sampling pass of the enabled sub-collectors, with exporter health and sample ages.
+
+    The sampler calls :meth:`sample` on its schedule (every ``--collect-interval``); that pass makes every
+    NVML call. A scrape (:meth:`collect`, :meth:`exposition`) makes none: it serves the last pass's
+    families and adds the few live series (sampler counters, sample ages, the scrape histogram). The only
+    collector the exporter registers. ``collect_on_scrape=True`` runs a pass inside every scrape instead:
+    the behaviour before issue 24, kept so that the benchmark can compare both paths on the same code.
+    """
 
     def __init__(
         self,
@@ -238,14 +285,22 @@ class GpuExporterCollector(Collector):
         sampler: SamplerHealth | None = None,
         registry: CollectorRegistry | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        monotonic: Callable[[], float] = time.monotonic,
+        collect_on_scrape: bool = False,
     ) -> None:
         self._session = session
         self._collectors = list(collectors)
         self._sampler = sampler
         self._timer = timer
+        self._monotonic = monotonic
+        self.collect_on_scrape = collect_on_scrape
         self._bucket_bounds = COLLECTOR_DURATION_SECONDS
         self._bucket_counts = [0] * (len(COLLECTOR_DURATION_SECONDS) + 1)
         self._scrape_sum = 0.0
+        self._pass_lock = threading.Lock()
+        # Before the first pass: nothing read yet, so no collector series and NVML not (yet) up.
+        empty = list(self._session_families(HealthReading(False, 0, 0, 0, [])))
+        self._snapshot = Snapshot([], empty, text_exposition(empty))
         if registry:
             registry.register(self)
 
@@ -253,8 +308,33 @@ class GpuExporterCollector(Collector):
     def collectors(self) -> list[GpuCollector]:
         return list(self._collectors)
 
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
     def describe(self) -> list[Metric]:
         return []
+
+    # --- the sampling pass (sampler thread) ---
+
+    def sample(self) -> None:
+        """Run every collector once (all NVML reads happen here) and publish the result. Never raises."""
+        with self._pass_lock:
+            runs = []
+            for c in self._collectors:
+                taken_at = self._monotonic()
+                runs.append((c.run(), taken_at))
+            families = merge_families([f for run, _ in runs for f in run.families])
+            families.extend(health_families([run for run, _ in runs], self._session))
+            families.extend(self._session_families(HealthReading.of(self._session)))
+            self._snapshot = Snapshot(runs, families, text_exposition(families))  # one reference swap
+
+    # --- the scrape (no NVML, no session lock) ---
+
+    def _current(self) -> Snapshot:
+        if self.collect_on_scrape:
+            self.sample()
+        return self._snapshot
 
     def _observe(self, seconds: float) -> None:
         i = next((i for i, b in enumerate(self._bucket_bounds) if seconds <= b), len(self._bucket_bounds))
@@ -263,50 +343,77 @@ class GpuExporterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         start = self._timer()
-        runs = [c.run() for c in self._collectors]
-        yield from merge_families([f for run in runs for f in run.families])
-        yield from health_families(runs, self._session)
-        yield from self._exporter_families()
+        snap = self._current()
+        yield from snap.families
+        yield from self._live_families(snap)
         self._observe(self._timer() - start)
         yield self._scrape_histogram()
 
-    def _exporter_families(self) -> Iterator[Metric]:
-        s = self._session
+    def exposition(self) -> bytes:
+        """What :meth:`collect` yields, in text format 0.0.4: the pass's bytes plus the live families."""
+        start = self._timer()
+        snap = self._current()
+        live = text_exposition(self._live_families(snap))
+        self._observe(self._timer() - start)
+        return b"".join((snap.text, live, text_exposition([self._scrape_histogram()])))
+
+    def _session_families(self, h: HealthReading) -> Iterator[Metric]:
         up = gauge("nvml_up", "1 if NVML is initialised and sees at least one GPU, else 0.", [])
-        up.add_metric([], 1.0 if s.up else 0.0)
+        up.add_metric([], 1.0 if h.up else 0.0)
         yield up
         devices = gauge("devices", "GPUs NVML enumerates, lost ones included.", [])
-        devices.add_metric([], float(len(s.all_devices())))
+        devices.add_metric([], float(h.devices))
         yield devices
         init_failures = counter("nvml_init_failures", "nvmlInit calls that failed.", [])
-        init_failures.add_metric([], float(s.init_failures_total))
+        init_failures.add_metric([], float(h.init_failures_total))
         yield init_failures
         reinits = counter("nvml_reinits", "NVML re-initialisations after a lifecycle error or lost GPU.", [])
-        reinits.add_metric([], float(s.reinits_total))
+        reinits.add_metric([], float(h.reinits_total))
         yield reinits
         errors = counter(
             "nvml_errors",
             "NVML call failures by collector and NVML error name (NotSupported is not counted).",
             ["collector", "error"],
         )
-        with s.lock:
-            items = sorted(s.errors_total.items())
-        for (collector, error), n in items:
+        for (collector, error), n in h.errors:
             errors.add_metric([collector, error], float(n))
         yield errors
-        if self._sampler is not None:
+
+    def _live_families(self, snap: Snapshot) -> Iterator[Metric]:
+        now = self._monotonic()
+        sampler = self._sampler
+        if sampler is not None:
             ticks = counter("sampler_ticks", "Sampler polls of the driver's sample buffers.", [])
-            ticks.add_metric([], float(self._sampler.ticks_total))
+            ticks.add_metric([], float(sampler.ticks_total))
             yield ticks
             tick_errors = counter("sampler_errors", "Sampler polls that hit an NVML error.", [])
-            tick_errors.add_metric([], float(self._sampler.errors_total))
+            tick_errors.add_metric([], float(sampler.errors_total))
             yield tick_errors
             interval = gauge("sampler_interval_seconds", "Configured sampler poll interval.", [])
-            interval.add_metric([], self._sampler.interval)
+            interval.add_metric([], sampler.interval)
             yield interval
             window = gauge("window_seconds", "Configured length of the rolling window for window statistics.", [])
-            window.add_metric([], self._sampler.window)
+            window.add_metric([], sampler.window)
             yield window
+            every = gauge(
+                "collect_interval_seconds", "Configured interval between the sampler's passes over the collectors.", []
+            )
+            every.add_metric([], sampler.collect_every)
+            yield every
+            cpu = counter("sampler_cpu_seconds", "CPU time the sampler spent in its polls and collector passes.", [])
+            cpu.add_metric([], sampler.cpu_seconds_total)
+            yield cpu
+        age = gauge(
+            "sample_age_seconds",
+            "Seconds since the reading this scrape serves began: per collector (its last sampling pass) and "
+            'collector="sampler" (its last poll of the sample buffers and memory).',
+            ["collector"],
+        )
+        for run, taken_at in snap.runs:
+            age.add_metric([run.name], max(0.0, now - taken_at))
+        if sampler is not None and sampler.last_tick_at is not None:
+            age.add_metric(["sampler"], max(0.0, now - sampler.last_tick_at))
+        yield age
 
     def _scrape_histogram(self) -> HistogramMetricFamily:
         cumulative = 0

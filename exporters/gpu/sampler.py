@@ -1,11 +1,13 @@
-"""The background sampler: reads the driver's sample buffers between scrapes.
+"""The background sampler: makes every NVML call, on its own schedule, so that a scrape makes none.
 
 Each tick (default every 0.1 s) it asks ``nvmlDeviceGetSamples`` for the utilisation samples produced
 since the last one it saw, so it keeps every sample at the driver's native rate (1/6 s to 1 s depending on
 the product) whatever the scrape interval. It also reads used memory (for the fluctuation ratio and step
 detection) and drains pending XID events without blocking. It recomputes the utilisation window statistics
 at most every ``stats_every`` seconds (default 1 s) when new samples have arrived, so a scrape only reads
-them, and a tick costs a few NVML calls per GPU::
+them, and a tick costs a few NVML calls per GPU. Every ``collect_every`` seconds (default 1 s) a tick also
+runs the collectors' sampling pass (:meth:`GpuExporterCollector.sample`), which reads everything else the
+scrape serves. ``cpu_seconds_total`` counts the CPU time of ticks and passes (the calling thread's)::
 
     sampler = Sampler(session, interval=0.1, window=30.0)
     sampler.start()
@@ -76,16 +78,24 @@ class Sampler:
         window: float = 30.0,
         step_bytes: int = 2 * 1024 * 1024,
         stats_every: float = 1.0,
+        collect_every: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.session = session
         self.interval = interval
         self.window = window
         self.step_bytes = step_bytes
         self.stats_every = stats_every
+        self.collect_every = collect_every
         self._clock = clock
         self._wall = wall
+        self._cpu_clock = cpu_clock
+        self._collect: Callable[[], None] | None = None
+        self._last_collect = -float("inf")
+        self.last_tick_at: float | None = None  # monotonic time of the last poll (sample age "sampler")
+        self.cpu_seconds_total = 0.0
         self._windows: dict[str, DeviceWindow] = {}
         self._event_set: Any = None
         self._event_generation = -1
@@ -140,8 +150,24 @@ class Sampler:
                 next_tick = now + self.interval
             self._stop.wait(next_tick - now)
 
-    def tick(self) -> None:
-        """One poll of every GPU (public so tests and benchmarks can drive it without the thread)."""
+    def set_collection(self, collect: Callable[[], None] | None) -> None:
+        """The collectors' sampling pass, run by :meth:`tick` every ``collect_every`` seconds."""
+        self._collect = collect
+
+    def tick(self, *, collect: bool = False) -> None:
+        """One poll of every GPU, then the collectors' pass when due or when ``collect`` asks for it
+        (public so tests and benchmarks can drive it without the thread)."""
+        cpu0 = self._cpu_clock()
+        try:
+            self._poll_all()
+            now = self._clock()
+            if self._collect is not None and (collect or now - self._last_collect >= self.collect_every):
+                self._last_collect = now
+                self._collect()
+        finally:
+            self.cpu_seconds_total += max(0.0, self._cpu_clock() - cpu0)
+
+    def _poll_all(self) -> None:
         scrape = Scrape(self.session, "sampler")
         with self.session.lock:
             devices = self.session.devices()
@@ -152,6 +178,7 @@ class Sampler:
                 self._poll(dev, scrape, now)
                 self._windows[dev.uuid].refresh_stats(now, self.stats_every)
             self._drain_xids(devices, scrape)
+            self.last_tick_at = now
         self.ticks_total += 1
         if not scrape.ok:
             self.errors_total += 1

@@ -101,6 +101,7 @@ def test_index_and_not_found(base_url: str) -> None:
 def test_nvml_down_metrics_200_health_503(source: StaticSource) -> None:
     source.fail = OSError("engine not running")
     exporter = GpuExporter(Nvml(SimNvml(source)), backend="sim", proc_root=None)
+    exporter.sample_now()
     for url in serve(exporter):
         status, _, body = get(f"{url}/metrics")
         assert status == 200  # health series still reach Prometheus
@@ -117,6 +118,7 @@ def test_nvml_down_metrics_200_health_503(source: StaticSource) -> None:
 def test_degraded_health_when_a_gpu_is_lost() -> None:
     sim = SimNvml(StaticSource(default_state()), faults=parse_faults("lost:1@0"), max_age=0.0)
     exporter = GpuExporter(Nvml(sim), backend="sim", proc_root=None)
+    exporter.sample_now()
     for url in serve(exporter):
         status, _, body = get(f"{url}/metrics")
         assert status == 200
