@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p,
         "--sim-url",
         default=DEFAULT_SIM_URL,
-        help="sim backend: http URL of the engine's /sim/device-state, or a path to a device-state JSON file",
+        help="sim backend: the sim server's base URL (http://HOST:PORT; its /sim/device-state is read), the "
+        "document's full http URL, or a path to a device-state JSON file",
     )
     arg(
         p,

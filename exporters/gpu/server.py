@@ -10,8 +10,9 @@
 Every NVML call happens on the sampler's thread (:mod:`exporters.gpu.sampler`): its polls every
 ``sample_interval`` and its pass over the collectors every ``collect_interval``. A scrape serves the latest
 pass (already encoded) plus a few live series, among them each reading's age, and never waits for NVML.
-Concurrent scrapes are serialised. ``/metrics`` answers in text format 0.0.4 through :mod:`exporters.gpu.exposition` (several times
-faster than prometheus_client's encoder); a client that asks only for OpenMetrics gets OpenMetrics.
+Concurrent scrapes are serialised. ``/metrics`` answers in text format 0.0.4 through
+:mod:`exporters.gpu.exposition` (several times faster than prometheus_client's encoder); a client that asks
+only for OpenMetrics gets OpenMetrics.
 ``/metrics`` answers 200 even when NVML is down, so ``loadlens_gpu_nvml_up 0`` and the health series reach
 Prometheus; ``/health`` answers 503 then (for readiness probes).
 """

@@ -125,7 +125,7 @@ class Session:
         """NVML itself failed mid-run: stop using it and re-initialise on a later cycle."""
         with self.lock:
             if self._up:
-                log.error("NVML is down: %s; re-initialising with backoff", err)
+                log.error("%s%s; re-initialising with backoff", "" if err.from_backend else "NVML is down: ", err)
             self._up = False
             self.last_init_error = err.name
             self.last_init_detail = err.detail or ""
@@ -161,7 +161,8 @@ class Session:
             self.init_failures_total += 1
             self.last_init_error = err.name
             self.last_init_detail = err.detail or ""
-            log.error("NVML init failed: %s; next try in %.0f s", err, self._backoff)
+            # A backend's own failure (the sim's document) carries its own wording: never "NVML init failed".
+            log.error("%s%s; next try in %.0f s", "" if err.from_backend else "NVML init failed: ", err, self._backoff)
             self._schedule_retry()
             return
         self._devices, self._lost, self._up = devices, lost, True

@@ -128,7 +128,7 @@ def test_engine_unreachable_mid_run() -> None:
     # every later one skips.
     assert success(down) == {**ALL_FAILED, "device": 1.0}
     assert down.series("loadlens_gpu_nvml_errors_total") == {
-        frozenset({("collector", "utilization"), ("error", "DriverNotLoaded")}): 1.0
+        frozenset({("collector", "utilization"), ("error", "SimDocumentUnavailable")}): 1.0
     }
     assert down.series("loadlens_gpu_memory_used_bytes") == {}
     source.fail = None

@@ -111,8 +111,9 @@ def test_nvml_down_metrics_200_health_503(source: StaticSource) -> None:
         status, _, body = get(f"{url}/health")
         assert status == 503
         doc = json.loads(body)
-        assert doc["last_init_error"] == "DriverNotLoaded"
-        assert doc["last_init_detail"] == "sim backend: engine not running"  # the cause, not only NVML's name
+        # The sim backend's own failure, named and worded as such (not as NVML's DriverNotLoaded).
+        assert doc["last_init_error"] == "SimDocumentUnavailable"
+        assert doc["last_init_detail"] == "sim backend: cannot read the device-state document: engine not running"
 
 
 def test_degraded_health_when_a_gpu_is_lost() -> None:
