@@ -146,3 +146,25 @@ def test_start_runs_the_sampler(source: StaticSource) -> None:
     finally:
         exporter.stop()
     assert not exporter.session.up
+
+
+def test_metrics_connections_send_without_nagle(source: StaticSource, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Headers and body are two writes: with Nagle on a kept-alive connection the body waits for the client's
+    # delayed ACK (40 ms). The handler's socket must have TCP_NODELAY.
+    import socket
+
+    from exporters.gpu import server as server_module
+
+    seen: list[int] = []
+    original = server_module._Handler.do_GET
+
+    def recording(self: server_module._Handler) -> None:
+        seen.append(self.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        original(self)
+
+    monkeypatch.setattr(server_module._Handler, "do_GET", recording)
+    exporter = GpuExporter(Nvml(SimNvml(source, max_age=0.0)), backend="sim", proc_root=None)
+    exporter.sample_now()
+    for url in serve(exporter):
+        assert get(f"{url}/metrics")[0] == 200
+    assert len(seen) == 1 and seen[0] != 0
