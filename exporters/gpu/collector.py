@@ -1,14 +1,19 @@
 """Collector plumbing: the sub-collector base class, per-call error handling, and the exporter collector.
 
 Each concern is one :class:`GpuCollector` subclass in ``exporters/gpu/collectors/``. It yields fresh
-metric families every scrape and keeps no state between scrapes. Standalone (registered on its own), it
-also yields its own ``loadlens_gpu_collector_success`` and ``..._duration_seconds``; inside the exporter,
-:class:`GpuExporterCollector` runs every enabled sub-collector and reports all of their health in one
-family each (as node_exporter does), so the exposition never repeats a family::
+metric families every run and keeps no state between runs. Standalone (registered on its own), it runs at
+each collection and also yields its own ``loadlens_gpu_collector_success`` and ``..._duration_seconds``.
+Inside the exporter, :class:`GpuExporterCollector` runs every enabled sub-collector in a sampling pass
+(:meth:`GpuExporterCollector.sample`, called by the sampler every ``--collect-interval``: every NVML read
+happens there) and a scrape serves the latest pass with each reading's age, making no NVML call. It
+reports all of their health in one family each (as node_exporter does), so the exposition never repeats a
+family::
 
     session = Session(Nvml())
     registry = CollectorRegistry()
-    GpuExporterCollector(session, [MemoryCollector(session), PowerCollector(session)], registry=registry)
+    exporter = GpuExporterCollector(session, [MemoryCollector(session), PowerCollector(session)], registry=registry)
+    exporter.sample()     # the sampler's job: the NVML reads
+    generate_latest(registry)   # serves that pass
 
 Error policy, per NVML call (:meth:`Scrape.read`): NotSupported and friends -> the series is absent (debug
 log); GPU lost -> that GPU is marked down and skipped, the others carry on; NVML down -> the rest of the
