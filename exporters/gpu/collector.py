@@ -24,6 +24,7 @@ other GPUs and fields carry on. An exception escaping a collector fails that col
 from __future__ import annotations
 
 import abc
+import copy
 import logging
 import threading
 import time
@@ -161,7 +162,8 @@ class GpuCollector(abc.ABC):
         """Collect once; never raises."""
         start = self._timer()
         scrape = Scrape(self._session, self.name)
-        with self._session.lock:
+        self._session.ensure()  # a re-initialisation, if due, before this run's calls (never during them)
+        with self._session.calls():
             try:
                 families = list(self._collect(scrape))
             except Exception:
@@ -214,7 +216,10 @@ def merge_families(families: list[Metric]) -> list[Metric]:
             and first.type == fam.type
             and first.label_names == fam.label_names
         ):
-            first.rows.extend(fam.rows)
+            # A copy: the families of a run are published again while its collector is busy (never mutated).
+            merged_rows = copy.copy(first)
+            merged_rows.rows = [*first.rows, *fam.rows]
+            out[fam.name] = merged_rows
         else:
             merged = Metric(first.name, first.documentation, first.type)
             merged.samples = [*first.samples, *fam.samples]
@@ -291,6 +296,7 @@ class GpuExporterCollector(Collector):
         registry: CollectorRegistry | None = None,
         timer: Callable[[], float] = time.perf_counter,
         monotonic: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
         collect_on_scrape: bool = False,
     ) -> None:
         self._session = session
@@ -298,11 +304,16 @@ class GpuExporterCollector(Collector):
         self._sampler = sampler
         self._timer = timer
         self._monotonic = monotonic
+        self._cpu_clock = cpu_clock
         self.collect_on_scrape = collect_on_scrape
+        self.cpu_seconds_total = 0.0  # the collectors' runs on their threads (the sampler counts its own)
+        self._state_lock = threading.Lock()
+        self._latest: dict[str, tuple[CollectorRun, float]] = {}  # collector -> latest finished run, taken_at
+        self._in_flight: set[str] = set()
+        self._publish_lock = threading.Lock()
         self._bucket_bounds = COLLECTOR_DURATION_SECONDS
         self._bucket_counts = [0] * (len(COLLECTOR_DURATION_SECONDS) + 1)
         self._scrape_sum = 0.0
-        self._pass_lock = threading.Lock()
         # Before the first pass: nothing read yet, so no collector series and NVML not (yet) up.
         empty = list(self._session_families(HealthReading(False, 0, 0, 0, [])))
         self._snapshot = Snapshot([], empty, text_exposition(empty))
@@ -322,16 +333,49 @@ class GpuExporterCollector(Collector):
 
     # --- the sampling pass (sampler thread) ---
 
-    def sample(self) -> None:
-        """Run every collector once (all NVML reads happen here) and publish the result. Never raises."""
-        with self._pass_lock:
-            runs = []
+    def sample(self, timeout: float | None = None) -> None:
+        """One sampling pass: every NVML read happens here. Never raises.
+
+        Each collector not still busy with an earlier pass runs on a thread of its own, so a call that hangs
+        holds up only its collector. Waits for them (at most ``timeout`` seconds; None: until they are done),
+        then publishes the latest finished run of every collector: a collector still running keeps its
+        previous reading, and its age grows. ``collect_on_scrape`` runs them inline instead (the old path).
+        """
+        if self.collect_on_scrape:
             for c in self._collectors:
-                taken_at = self._monotonic()
-                runs.append((c.run(), taken_at))
-                # Hand the GIL over between collectors: a scrape thread waiting for it then waits one
-                # collector's run, not the interpreter's 5 ms switch interval.
-                time.sleep(0)
+                self._work(c, count_cpu=False)
+        else:
+            threads = []
+            with self._state_lock:
+                for c in self._collectors:
+                    if c.name in self._in_flight:
+                        continue  # its earlier run has not returned (an NVML call that hangs)
+                    self._in_flight.add(c.name)
+                    threads.append(threading.Thread(target=self._work, args=(c,), name=f"gpu-{c.name}", daemon=True))
+            for t in threads:
+                t.start()
+            end = None if timeout is None else time.monotonic() + timeout
+            for t in threads:
+                t.join(None if end is None else max(0.0, end - time.monotonic()))
+        self._publish()
+
+    def _work(self, collector: GpuCollector, *, count_cpu: bool = True) -> None:
+        try:
+            cpu0, taken_at = self._cpu_clock(), self._monotonic()
+            run = collector.run()
+            cpu = self._cpu_clock() - cpu0
+            with self._state_lock:
+                self._latest[collector.name] = (run, taken_at)
+                if count_cpu:
+                    self.cpu_seconds_total += max(0.0, cpu)
+        finally:
+            with self._state_lock:
+                self._in_flight.discard(collector.name)
+
+    def _publish(self) -> None:
+        with self._publish_lock:
+            with self._state_lock:
+                runs = [self._latest[c.name] for c in self._collectors if c.name in self._latest]
             families = merge_families([f for run, _ in runs for f in run.families])
             families.extend(health_families([run for run, _ in runs], self._session))
             families.extend(self._session_families(HealthReading.of(self._session)))
@@ -409,7 +453,7 @@ class GpuExporterCollector(Collector):
             every.add_metric([], sampler.collect_every)
             yield every
             cpu = counter("sampler_cpu_seconds", "CPU time the sampler spent in its polls and collector passes.", [])
-            cpu.add_metric([], sampler.cpu_seconds_total)
+            cpu.add_metric([], sampler.cpu_seconds_total + self.cpu_seconds_total)
             yield cpu
         age = gauge(
             "sample_age_seconds",

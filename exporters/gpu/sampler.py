@@ -92,7 +92,7 @@ class Sampler:
         self._clock = clock
         self._wall = wall
         self._cpu_clock = cpu_clock
-        self._collect: Callable[[], None] | None = None
+        self._collect: Callable[[float | None], None] | None = None
         self._last_collect = -float("inf")
         self.last_tick_at: float | None = None  # monotonic time of the last poll (sample age "sampler")
         self.cpu_seconds_total = 0.0
@@ -140,7 +140,7 @@ class Sampler:
         next_tick = self._clock()
         while not self._stop.is_set():
             try:
-                self.tick()
+                self.tick(wait=self.collect_every)  # a collector that hangs keeps its last reading
             except Exception:  # the sampler must outlive any bug in one tick
                 log.exception("sampler tick failed")
                 self.errors_total += 1
@@ -150,33 +150,34 @@ class Sampler:
                 next_tick = now + self.interval
             self._stop.wait(next_tick - now)
 
-    def set_collection(self, collect: Callable[[], None] | None) -> None:
-        """The collectors' sampling pass, run by :meth:`tick` every ``collect_every`` seconds."""
+    def set_collection(self, collect: Callable[[float | None], None] | None) -> None:
+        """The collectors' sampling pass, ``collect(timeout)``, run by :meth:`tick` every ``collect_every`` s."""
         self._collect = collect
 
-    def tick(self, *, collect: bool = False) -> None:
-        """One poll of every GPU, then the collectors' pass when due or when ``collect`` asks for it
-        (public so tests and benchmarks can drive it without the thread)."""
+    def tick(self, *, collect: bool = False, wait: float | None = None) -> None:
+        """One poll of every GPU, then the collectors' pass when due or when ``collect`` asks for it, waiting
+        for it at most ``wait`` seconds (None: until every collector returns). Public so tests and benchmarks
+        can drive it without the thread; the thread waits at most ``collect_every``."""
         cpu0 = self._cpu_clock()
         try:
             self._poll_all()
             now = self._clock()
             if self._collect is not None and (collect or now - self._last_collect >= self.collect_every):
                 self._last_collect = now
-                self._collect()
+                self._collect(wait)
         finally:
             self.cpu_seconds_total += max(0.0, self._cpu_clock() - cpu0)
 
     def _poll_all(self) -> None:
         scrape = Scrape(self.session, "sampler")
-        with self.session.lock:
+        self.session.ensure()  # a re-initialisation, if due, before the calls (never during them)
+        with self.session.calls():
             devices = self.session.devices()
             if self._event_generation != self.session.generation:
                 self._reset_events(devices, scrape)
             now = self._clock()
             for dev in devices:
                 self._poll(dev, scrape, now)
-                self._windows[dev.uuid].refresh_stats(now, self.stats_every)
             self._drain_xids(devices, scrape)
             self.last_tick_at = now
         self.ticks_total += 1
@@ -190,9 +191,16 @@ class Sampler:
         return w
 
     def _poll(self, dev: Device, scrape: Scrape, now: float) -> None:
+        """The NVML reads outside the session lock; the window updates under it (collectors read them)."""
         nvml = self.session.nvml
         w = self._window(dev.uuid)
         samples = scrape.read(dev, nvml.util_samples, dev.handle, w.last_ts_us)
+        mem = scrape.read(dev, nvml.memory, dev.handle)
+        with self.session.lock:
+            self._update(w, samples, mem, now)
+            w.refresh_stats(now, self.stats_every)
+
+    def _update(self, w: DeviceWindow, samples: list[tuple[int, float]] | None, mem: Any, now: float) -> None:
         if samples:
             w.util.extend(s for s in samples if s[0] > w.last_ts_us)
             w.last_ts_us = max(w.last_ts_us, samples[-1][0])
@@ -200,7 +208,6 @@ class Sampler:
             while w.util and w.util[0][0] < horizon:
                 w.util.popleft()
             w.version += 1
-        mem = scrape.read(dev, nvml.memory, dev.handle)
         if mem is not None:
             w.memory.append((now, mem.used))
             while w.memory and w.memory[0][0] < now - self.window:
@@ -260,8 +267,9 @@ class Sampler:
             if dev is None:
                 continue
             w = self._window(dev.uuid)
-            code = event.xid if event.xid in w.xid_counts or len(w.xid_counts) < MAX_XID_CODES else XID_OTHER
-            w.xid_counts[code] = w.xid_counts.get(code, 0) + 1
-            w.xid_total += 1
-            w.xid_last_time = self._wall()
+            with self.session.lock:  # the errors collector reads these under it
+                code = event.xid if event.xid in w.xid_counts or len(w.xid_counts) < MAX_XID_CODES else XID_OTHER
+                w.xid_counts[code] = w.xid_counts.get(code, 0) + 1
+                w.xid_total += 1
+                w.xid_last_time = self._wall()
             log.warning("GPU %d (%s): XID %d", dev.index, dev.uuid, event.xid)

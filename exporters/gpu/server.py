@@ -109,6 +109,7 @@ class GpuExporter:
             registry=self.registry,
             timer=timer,
             monotonic=monotonic,
+            cpu_clock=cpu_clock,
             collect_on_scrape=collect_on_scrape,
         )
         if not collect_on_scrape:

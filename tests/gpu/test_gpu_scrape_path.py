@@ -130,11 +130,21 @@ def test_sample_age_grows_between_passes_and_resets_after_one() -> None:
     assert (age(got, "power"), age(got, "device"), age(got, "sampler")) == (0.0, 0.0, 0.0)
 
 
-def test_sampler_cpu_is_counted() -> None:
-    cpu = iter([10.0, 10.004, 10.004, 10.010])
-    exporter, _ = build(FakeClock(), cpu_clock=lambda: next(cpu))
-    exporter.sample_now()
-    exporter.sampler.tick()
+class ThreadCpuClock:
+    """Each thread's CPU clock advances 1 ms per read: every measured stretch costs 1 ms, whatever thread."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        self._local.t = getattr(self._local, "t", 0.0) + 0.001
+        return float(self._local.t)
+
+
+def test_sampler_cpu_counts_its_polls_and_the_collectors_runs() -> None:
+    exporter, _ = build(FakeClock(), collectors=list(DEFAULT_COLLECTORS), cpu_clock=ThreadCpuClock())
+    exporter.sample_now()  # a poll (1 stretch) and a pass: 8 collectors on their threads (8)
+    exporter.sampler.tick()  # a poll, no pass due (1)
     got = Scraped(exporter.registry)
     assert got.get("loadlens_gpu_sampler_cpu_seconds_total") == pytest.approx(0.010)
 
@@ -163,7 +173,7 @@ def test_a_failing_read_on_the_sampler_fails_only_its_collector() -> None:
     assert got.get("loadlens_gpu_power_watts", labels(0)) == 412.5
 
 
-def test_a_hanging_read_never_holds_up_the_scrape() -> None:
+def test_a_hanging_read_holds_up_neither_the_scrape_nor_the_other_readings() -> None:
     clock = FakeClock()
     exporter, api = build(clock, collectors=list(DEFAULT_COLLECTORS))
     exporter.sample_now()
@@ -176,25 +186,30 @@ def test_a_hanging_read_never_holds_up_the_scrape() -> None:
 
     api.hooks["nvmlDeviceGetPowerUsage"] = power_hangs
     clock.advance(2.0)
-    sampler = threading.Thread(target=exporter.sample_now, daemon=True)
-    sampler.start()
+    hung = threading.Thread(target=exporter.sample_now, daemon=True)  # its pass waits for the hung collector
+    hung.start()
     assert entered.wait(30)  # bounds a failure only
-    served: list[Scraped] = []
-    scraper = threading.Thread(target=lambda: (exporter.scrape(), served.append(Scraped(exporter.registry))))
-    scraper.start()
-    scraper.join(30)  # bounds a failure only: a scrape waiting on NVML would still be blocked here
     try:
+        served: list[Scraped] = []
+        scraper = threading.Thread(target=lambda: (exporter.scrape(), served.append(Scraped(exporter.registry))))
+        scraper.start()
+        scraper.join(30)  # bounds a failure only: a scrape waiting on NVML would still be blocked here
         assert not scraper.is_alive() and len(served) == 1
-        got = served[0]
-        # The previous pass, with its age: the reader sees how stale it is.
-        assert got.get("loadlens_gpu_power_watts", labels(0)) == 412.5
-        assert age(got, "power") == 2.0
+        # The sampler goes on: another pass refreshes every other collector, and the polls carry on.
+        clock.advance(1.0)
+        exporter.sample_now()
+        got = Scraped(exporter.registry)
+        assert (age(got, "power"), age(got, "memory"), age(got, "device"), age(got, "sampler")) == (3.0, 0.0, 0.0, 0.0)
+        assert got.get("loadlens_gpu_power_watts", labels(0)) == 412.5  # power's previous reading, with its age
+        assert got.get("loadlens_gpu_memory_used_bytes", labels(0)) == 72 * 2**30
+        assert exporter.sampler.ticks_total == 3
     finally:
         release.set()
-        sampler.join(30)
+        hung.join(30)
+    exporter.collector.sample()  # publishes power's run that has now returned, with the others
     got = Scraped(exporter.registry)
     assert got.get("loadlens_gpu_power_watts", labels(0)) == 1.0
-    assert age(got, "power") == 0.0
+    assert got.get("loadlens_gpu_collector_success", {"collector": "power"}) == 1.0
 
 
 # --- --sim-url: the sim server's base URL, and errors worded as the sim backend's -------------------------
