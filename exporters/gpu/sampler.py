@@ -6,8 +6,9 @@ the product) whatever the scrape interval. It also reads used memory (for the fl
 detection) and drains pending XID events without blocking. It recomputes the utilisation window statistics
 at most every ``stats_every`` seconds (default 1 s) when new samples have arrived, so a scrape only reads
 them, and a tick costs a few NVML calls per GPU. Every ``collect_every`` seconds (default 1 s) a tick also
-runs the collectors' sampling pass (:meth:`GpuExporterCollector.sample`), which reads everything else the
-scrape serves. ``cpu_seconds_total`` counts the CPU time of ticks and passes (the calling thread's)::
+runs the collectors' sampling pass (``GpuExporterCollector.sample`` in :mod:`exporters.gpu.exporter_collector`),
+which reads everything else the scrape serves. ``cpu_seconds_total`` counts the CPU time of ticks and
+passes (the calling thread's; the collectors' own threads are counted by the exporter collector)::
 
     sampler = Sampler(session, interval=0.1, window=30.0)
     sampler.start()

@@ -30,8 +30,8 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporters.gpu.collector import GpuExporterCollector
 from exporters.gpu.collectors import COLLECTORS, DEFAULT_COLLECTORS
+from exporters.gpu.exporter_collector import GpuExporterCollector
 from exporters.gpu.exposition import text_exposition
 from exporters.gpu.nvml import Nvml
 from exporters.gpu.registration import BuildContext, CollectorRegistrations

@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from exporters.gpu.collector import GpuCollector, GpuExporterCollector, Scrape, gauge
+from exporters.gpu.collector import GpuCollector, Scrape, gauge
+from exporters.gpu.exporter_collector import GpuExporterCollector
 from exporters.gpu.nvml import NvmlError
 from exporters.gpu.sampler import Sampler
 from tests.gpu.helpers import MakeRig, Scraped, SimRig, default_state
