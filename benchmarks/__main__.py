@@ -10,6 +10,7 @@ MODULES = (
     "benchmarks.proxy_path",
     "benchmarks.sim_engine",
     "benchmarks.gpu_exporter",
+    "benchmarks.gpu_scrape",
     "benchmarks.loadgen",
     "benchmarks.probe",
     "benchmarks.drills",

@@ -9,6 +9,8 @@ Goals (issue 3): scrape p99 <= 5 ms; the sampler at 10 Hz costs <= 1 % of one co
 Cases:
 - scrape (in process): what /metrics serves (every default collector, the fast text encoder). Window
   statistics are the sampler's work (recomputed at most once a second), so they count under sampler CPU.
+  Since issue 24 the collectors run in the sampler's pass too and the scrape serves its result;
+  ``benchmarks/gpu_scrape.py`` compares that with reads at scrape time in one run.
 - scrape (HTTP): GET /metrics on the exporter's own server over a kept-alive connection.
 - sampler CPU: the sampler thread at 10 Hz for a fixed wall time; CPU is this process's, with the simulated
   engine in a separate process serving ``/sim/device-state?since_us=N`` with fresh samples (the real sim

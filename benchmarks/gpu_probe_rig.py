@@ -125,6 +125,7 @@ class Rig:
                 # The probe takes a snapshot only when one is due; its interval here is tiny (set below).
                 time.sleep(min(2.0, probe.snapshot_interval) + 0.01)
             probe.write_now()
+        self.exporter.sample_now()  # a sampling pass after the write: the scrape serves the latest pass
         text = self.exporter.scrape().decode()
         if name:
             (self.out / f"probe-{name}.prom").write_text(text)

@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p,
         "--sim-url",
         default=DEFAULT_SIM_URL,
-        help="sim backend: http URL of the engine's /sim/device-state, or a path to a device-state JSON file",
+        help="sim backend: the sim server's base URL (http://HOST:PORT; its /sim/device-state is read), the "
+        "document's full http URL, or a path to a device-state JSON file",
     )
     arg(
         p,
@@ -90,6 +91,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=positive_float,
         default=1.0,
         help="seconds between recomputations of the utilisation window statistics by the sampler",
+    )
+    arg(
+        p,
+        "--collect-interval",
+        type=positive_float,
+        default=1.0,
+        help="seconds between the sampler's passes over the collectors (every NVML read the scrape serves); "
+        "a scrape serves the latest pass, so this is the staleness it may see",
     )
     arg(
         p,
@@ -219,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
         sample_interval=args.sample_interval,
         window=args.window,
         stats_every=args.stats_interval,
+        collect_interval=args.collect_interval,
         max_processes=args.max_processes,
         step_bytes=args.memory_step_bytes,
         proc_root="/proc" if backend == "nvml" else None,  # sim pids are not this host's processes

@@ -1,14 +1,12 @@
 """Collector plumbing: the sub-collector base class, per-call error handling, and the exporter collector.
 
 Each concern is one :class:`GpuCollector` subclass in ``exporters/gpu/collectors/``. It yields fresh
-metric families every scrape and keeps no state between scrapes. Standalone (registered on its own), it
-also yields its own ``loadlens_gpu_collector_success`` and ``..._duration_seconds``; inside the exporter,
-:class:`GpuExporterCollector` runs every enabled sub-collector and reports all of their health in one
-family each (as node_exporter does), so the exposition never repeats a family::
-
-    session = Session(Nvml())
-    registry = CollectorRegistry()
-    GpuExporterCollector(session, [MemoryCollector(session), PowerCollector(session)], registry=registry)
+metric families every run and keeps no state between runs. Standalone (registered on its own), it runs at
+each collection and also yields its own ``loadlens_gpu_collector_success`` and ``..._duration_seconds``.
+Inside the exporter, :class:`exporters.gpu.exporter_collector.GpuExporterCollector` runs every enabled
+sub-collector in the sampler's pass (every NVML read happens there) and a scrape serves the latest pass. It
+reports all of their health in one family each (as node_exporter does), so the exposition never repeats a
+family.
 
 Error policy, per NVML call (:meth:`Scrape.read`): NotSupported and friends -> the series is absent (debug
 log); GPU lost -> that GPU is marked down and skipped, the others carry on; NVML down -> the rest of the
@@ -19,19 +17,19 @@ other GPUs and fields carry on. An exception escaping a collector fails that col
 from __future__ import annotations
 
 import abc
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import CollectorRegistry
 
 from exporters.gpu.families import RowCounter, RowGauge
 from exporters.gpu.nvml import ErrorKind, NvmlError
 from exporters.gpu.session import DEVICE_LABELS, Device, Session
-from loadlens.contracts.buckets import COLLECTOR_DURATION_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +41,6 @@ __all__ = [
     "PREFIX",
     "CollectorRun",
     "GpuCollector",
-    "GpuExporterCollector",
     "Scrape",
     "counter",
     "gauge",
@@ -152,7 +149,8 @@ class GpuCollector(abc.ABC):
         """Collect once; never raises."""
         start = self._timer()
         scrape = Scrape(self._session, self.name)
-        with self._session.lock:
+        self._session.ensure()  # a re-initialisation, if due, before this run's calls (never during them)
+        with self._session.calls():
             try:
                 families = list(self._collect(scrape))
             except Exception:
@@ -205,118 +203,12 @@ def merge_families(families: list[Metric]) -> list[Metric]:
             and first.type == fam.type
             and first.label_names == fam.label_names
         ):
-            first.rows.extend(fam.rows)
+            # A copy: the families of a run are published again while its collector is busy (never mutated).
+            merged_rows = copy.copy(first)
+            merged_rows.rows = [*first.rows, *fam.rows]
+            out[fam.name] = merged_rows
         else:
             merged = Metric(first.name, first.documentation, first.type)
             merged.samples = [*first.samples, *fam.samples]
             out[fam.name] = merged
     return list(out.values())
-
-
-def _le(bound: float) -> str:
-    """Bucket bound as Prometheus writes it (``+Inf``, ``0.005``, ``1.0``)."""
-    return "+Inf" if bound == float("inf") else repr(float(bound))
-
-
-class SamplerHealth(Protocol):
-    """What :class:`GpuExporterCollector` needs from the sampler (a protocol to avoid an import cycle)."""
-
-    ticks_total: int
-    errors_total: int
-    interval: float
-    window: float
-
-
-class GpuExporterCollector(Collector):
-    """Runs the enabled sub-collectors and adds exporter health. The only collector the exporter registers."""
-
-    def __init__(
-        self,
-        session: Session,
-        collectors: Sequence[GpuCollector],
-        *,
-        sampler: SamplerHealth | None = None,
-        registry: CollectorRegistry | None = None,
-        timer: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self._session = session
-        self._collectors = list(collectors)
-        self._sampler = sampler
-        self._timer = timer
-        self._bucket_bounds = COLLECTOR_DURATION_SECONDS
-        self._bucket_counts = [0] * (len(COLLECTOR_DURATION_SECONDS) + 1)
-        self._scrape_sum = 0.0
-        if registry:
-            registry.register(self)
-
-    @property
-    def collectors(self) -> list[GpuCollector]:
-        return list(self._collectors)
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def _observe(self, seconds: float) -> None:
-        i = next((i for i, b in enumerate(self._bucket_bounds) if seconds <= b), len(self._bucket_bounds))
-        self._bucket_counts[i] += 1
-        self._scrape_sum += seconds
-
-    def collect(self) -> Iterator[Metric]:
-        start = self._timer()
-        runs = [c.run() for c in self._collectors]
-        yield from merge_families([f for run in runs for f in run.families])
-        yield from health_families(runs, self._session)
-        yield from self._exporter_families()
-        self._observe(self._timer() - start)
-        yield self._scrape_histogram()
-
-    def _exporter_families(self) -> Iterator[Metric]:
-        s = self._session
-        up = gauge("nvml_up", "1 if NVML is initialised and sees at least one GPU, else 0.", [])
-        up.add_metric([], 1.0 if s.up else 0.0)
-        yield up
-        devices = gauge("devices", "GPUs NVML enumerates, lost ones included.", [])
-        devices.add_metric([], float(len(s.all_devices())))
-        yield devices
-        init_failures = counter("nvml_init_failures", "nvmlInit calls that failed.", [])
-        init_failures.add_metric([], float(s.init_failures_total))
-        yield init_failures
-        reinits = counter("nvml_reinits", "NVML re-initialisations after a lifecycle error or lost GPU.", [])
-        reinits.add_metric([], float(s.reinits_total))
-        yield reinits
-        errors = counter(
-            "nvml_errors",
-            "NVML call failures by collector and NVML error name (NotSupported is not counted).",
-            ["collector", "error"],
-        )
-        with s.lock:
-            items = sorted(s.errors_total.items())
-        for (collector, error), n in items:
-            errors.add_metric([collector, error], float(n))
-        yield errors
-        if self._sampler is not None:
-            ticks = counter("sampler_ticks", "Sampler polls of the driver's sample buffers.", [])
-            ticks.add_metric([], float(self._sampler.ticks_total))
-            yield ticks
-            tick_errors = counter("sampler_errors", "Sampler polls that hit an NVML error.", [])
-            tick_errors.add_metric([], float(self._sampler.errors_total))
-            yield tick_errors
-            interval = gauge("sampler_interval_seconds", "Configured sampler poll interval.", [])
-            interval.add_metric([], self._sampler.interval)
-            yield interval
-            window = gauge("window_seconds", "Configured length of the rolling window for window statistics.", [])
-            window.add_metric([], self._sampler.window)
-            yield window
-
-    def _scrape_histogram(self) -> HistogramMetricFamily:
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, n in zip((*self._bucket_bounds, float("inf")), self._bucket_counts, strict=True):
-            cumulative += n
-            buckets.append((_le(bound), float(cumulative)))
-        h = HistogramMetricFamily(
-            f"{PREFIX}_scrape_duration_seconds",
-            "Time to collect every enabled collector, per scrape (this one included).",
-        )
-        h.add_metric([], buckets, self._scrape_sum)
-        return h

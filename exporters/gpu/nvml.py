@@ -82,15 +82,25 @@ def _handle_key(handle: Any) -> Any:
 
 
 class NvmlError(Exception):
-    """An NVML call failed. ``code`` is the NVML return code, ``call`` the NVML function."""
+    """An NVML call failed. ``code`` is the NVML return code, ``call`` the NVML function.
 
-    def __init__(self, code: int, call: str, detail: str | None = None) -> None:
+    ``backend_error`` names a failure of the backend itself rather than of NVML (the sim backend's
+    ``SimDocumentUnavailable``): it becomes :attr:`name`, :attr:`from_backend` is True and the message is the
+    backend's ``detail`` alone, so it never reads as an NVML driver failure. ``code`` still says how the
+    exporter treats it (:attr:`kind`).
+    """
+
+    def __init__(self, code: int, call: str, detail: str | None = None, *, backend_error: str | None = None) -> None:
         self.code = code
         self.call = call
-        self.name = error_name(code)
+        self.name = backend_error or error_name(code)
         self.kind = _KIND_BY_CODE.get(code, ErrorKind.OTHER)
         self.detail = detail  # the cause where the backend knows it (the sim backend's fetch); None from NVML
-        super().__init__(f"{call}: {self.name} ({code})" + (f": {detail}" if detail else ""))
+        self.from_backend = backend_error is not None
+        if self.from_backend:
+            super().__init__(detail or f"{call}: {self.name}")
+        else:
+            super().__init__(f"{call}: {self.name} ({code})" + (f": {detail}" if detail else ""))
 
 
 # --- clock-event (throttle) reasons: bit -> label value, from nvml.h --------------------------------------
@@ -226,7 +236,13 @@ class Nvml:
         except NVMLError as err:
             code = int(getattr(err, "value", pynvml.NVML_ERROR_UNKNOWN))
             detail = getattr(err, "detail", None)
-            raise NvmlError(code, name, detail if isinstance(detail, str) else None) from err
+            backend_error = getattr(err, "backend_error", None)
+            raise NvmlError(
+                code,
+                name,
+                detail if isinstance(detail, str) else None,
+                backend_error=backend_error if isinstance(backend_error, str) else None,
+            ) from err
 
     def _extra(self, name: str, handle: Any) -> Any:
         """A sim-only call (no NVML equivalent): NotSupported where the backend lacks it."""

@@ -1,11 +1,14 @@
-"""The background sampler: reads the driver's sample buffers between scrapes.
+"""The background sampler: makes every NVML call, on its own schedule, so that a scrape makes none.
 
 Each tick (default every 0.1 s) it asks ``nvmlDeviceGetSamples`` for the utilisation samples produced
 since the last one it saw, so it keeps every sample at the driver's native rate (1/6 s to 1 s depending on
 the product) whatever the scrape interval. It also reads used memory (for the fluctuation ratio and step
 detection) and drains pending XID events without blocking. It recomputes the utilisation window statistics
 at most every ``stats_every`` seconds (default 1 s) when new samples have arrived, so a scrape only reads
-them, and a tick costs a few NVML calls per GPU::
+them, and a tick costs a few NVML calls per GPU. Every ``collect_every`` seconds (default 1 s) a tick also
+runs the collectors' sampling pass (``GpuExporterCollector.sample`` in :mod:`exporters.gpu.exporter_collector`),
+which reads everything else the scrape serves. ``cpu_seconds_total`` counts the CPU time of ticks and
+passes (the calling thread's; the collectors' own threads are counted by the exporter collector)::
 
     sampler = Sampler(session, interval=0.1, window=30.0)
     sampler.start()
@@ -76,16 +79,24 @@ class Sampler:
         window: float = 30.0,
         step_bytes: int = 2 * 1024 * 1024,
         stats_every: float = 1.0,
+        collect_every: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.session = session
         self.interval = interval
         self.window = window
         self.step_bytes = step_bytes
         self.stats_every = stats_every
+        self.collect_every = collect_every
         self._clock = clock
         self._wall = wall
+        self._cpu_clock = cpu_clock
+        self._collect: Callable[[float | None], None] | None = None
+        self._last_collect = -float("inf")
+        self.last_tick_at: float | None = None  # monotonic time of the last poll (sample age "sampler")
+        self.cpu_seconds_total = 0.0
         self._windows: dict[str, DeviceWindow] = {}
         self._event_set: Any = None
         self._event_generation = -1
@@ -130,7 +141,7 @@ class Sampler:
         next_tick = self._clock()
         while not self._stop.is_set():
             try:
-                self.tick()
+                self.tick(wait=self.collect_every)  # a collector that hangs keeps its last reading
             except Exception:  # the sampler must outlive any bug in one tick
                 log.exception("sampler tick failed")
                 self.errors_total += 1
@@ -140,18 +151,36 @@ class Sampler:
                 next_tick = now + self.interval
             self._stop.wait(next_tick - now)
 
-    def tick(self) -> None:
-        """One poll of every GPU (public so tests and benchmarks can drive it without the thread)."""
+    def set_collection(self, collect: Callable[[float | None], None] | None) -> None:
+        """The collectors' sampling pass, ``collect(timeout)``, run by :meth:`tick` every ``collect_every`` s."""
+        self._collect = collect
+
+    def tick(self, *, collect: bool = False, wait: float | None = None) -> None:
+        """One poll of every GPU, then the collectors' pass when due or when ``collect`` asks for it, waiting
+        for it at most ``wait`` seconds (None: until every collector returns). Public so tests and benchmarks
+        can drive it without the thread; the thread waits at most ``collect_every``."""
+        cpu0 = self._cpu_clock()
+        try:
+            self._poll_all()
+            now = self._clock()
+            if self._collect is not None and (collect or now - self._last_collect >= self.collect_every):
+                self._last_collect = now
+                self._collect(wait)
+        finally:
+            self.cpu_seconds_total += max(0.0, self._cpu_clock() - cpu0)
+
+    def _poll_all(self) -> None:
         scrape = Scrape(self.session, "sampler")
-        with self.session.lock:
+        self.session.ensure()  # a re-initialisation, if due, before the calls (never during them)
+        with self.session.calls():
             devices = self.session.devices()
             if self._event_generation != self.session.generation:
                 self._reset_events(devices, scrape)
             now = self._clock()
             for dev in devices:
                 self._poll(dev, scrape, now)
-                self._windows[dev.uuid].refresh_stats(now, self.stats_every)
             self._drain_xids(devices, scrape)
+            self.last_tick_at = now
         self.ticks_total += 1
         if not scrape.ok:
             self.errors_total += 1
@@ -163,9 +192,16 @@ class Sampler:
         return w
 
     def _poll(self, dev: Device, scrape: Scrape, now: float) -> None:
+        """The NVML reads outside the session lock; the window updates under it (collectors read them)."""
         nvml = self.session.nvml
         w = self._window(dev.uuid)
         samples = scrape.read(dev, nvml.util_samples, dev.handle, w.last_ts_us)
+        mem = scrape.read(dev, nvml.memory, dev.handle)
+        with self.session.lock:
+            self._update(w, samples, mem, now)
+            w.refresh_stats(now, self.stats_every)
+
+    def _update(self, w: DeviceWindow, samples: list[tuple[int, float]] | None, mem: Any, now: float) -> None:
         if samples:
             w.util.extend(s for s in samples if s[0] > w.last_ts_us)
             w.last_ts_us = max(w.last_ts_us, samples[-1][0])
@@ -173,7 +209,6 @@ class Sampler:
             while w.util and w.util[0][0] < horizon:
                 w.util.popleft()
             w.version += 1
-        mem = scrape.read(dev, nvml.memory, dev.handle)
         if mem is not None:
             w.memory.append((now, mem.used))
             while w.memory and w.memory[0][0] < now - self.window:
@@ -233,8 +268,9 @@ class Sampler:
             if dev is None:
                 continue
             w = self._window(dev.uuid)
-            code = event.xid if event.xid in w.xid_counts or len(w.xid_counts) < MAX_XID_CODES else XID_OTHER
-            w.xid_counts[code] = w.xid_counts.get(code, 0) + 1
-            w.xid_total += 1
-            w.xid_last_time = self._wall()
+            with self.session.lock:  # the errors collector reads these under it
+                code = event.xid if event.xid in w.xid_counts or len(w.xid_counts) < MAX_XID_CODES else XID_OTHER
+                w.xid_counts[code] = w.xid_counts.get(code, 0) + 1
+                w.xid_total += 1
+                w.xid_last_time = self._wall()
             log.warning("GPU %d (%s): XID %d", dev.index, dev.uuid, event.xid)

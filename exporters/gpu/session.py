@@ -6,8 +6,11 @@ library missing, version mismatch, uninitialised) mark NVML down; a lost GPU is 
 schedule a re-initialisation on a later cycle with exponential backoff (1 s doubling to 30 s), and zero
 visible GPUs counts as down, never as an idle healthy machine.
 
-Every collector run and sampler tick holds :attr:`Session.lock`, so a re-initialisation never swaps
-handles under a call in flight.
+NVML calls run in a shared section (:meth:`Session.calls`, held by every collector run and sampler poll);
+a re-initialisation (nvmlShutdown, nvmlInit, new handles) needs the section to itself and only *tries* to
+take it: with a call in flight it waits for a later cycle instead of blocking. So a call that hangs holds up
+neither the other collectors nor the sampler's polls, and a re-initialisation never swaps handles under a
+call in flight. :attr:`Session.lock` guards the session's state and is only held briefly.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +29,45 @@ from exporters.gpu.nvml import ErrorKind, Nvml, NvmlError
 log = logging.getLogger(__name__)
 
 DEVICE_LABELS: tuple[str, str, str] = ("gpu", "uuid", "model")
+
+
+class CallLock:
+    """Shared for NVML calls, exclusive for a re-initialisation, which never waits for it.
+
+    Shared sections nest and may be held by many threads; :meth:`try_exclusive` succeeds only when no thread
+    holds a shared section (the caller's own included), and while it is held new shared sections wait.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if not self._shared:
+                    self._cond.notify_all()
+
+    def try_exclusive(self) -> bool:
+        with self._cond:
+            if self._exclusive or self._shared:
+                return False
+            self._exclusive = True
+            return True
+
+    def release_exclusive(self) -> None:
+        with self._cond:
+            self._exclusive = False
+            self._cond.notify_all()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +98,7 @@ class Session:
         self.nvml = nvml
         self.backend = backend
         self.lock = threading.RLock()
+        self._calls = CallLock()
         self._clock = clock
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
@@ -106,12 +150,20 @@ class Session:
                 return []
             return [d for d in self._devices if d.index not in self._lost]
 
+    def calls(self) -> Any:
+        """The shared section every NVML call runs in (a context manager)."""
+        return self._calls.shared()
+
     def ensure(self) -> bool:
         with self.lock:
             if self._up and not self._reinit_requested:
                 return True
-            if self._clock() >= self._next_attempt:
-                self._reinit()
+            # Not while a call is in flight (this thread's included): the next cycle tries again.
+            if self._clock() >= self._next_attempt and self._calls.try_exclusive():
+                try:
+                    self._reinit()
+                finally:
+                    self._calls.release_exclusive()
             return self._up
 
     def mark_lost(self, device: Device, err: NvmlError) -> None:
@@ -125,7 +177,7 @@ class Session:
         """NVML itself failed mid-run: stop using it and re-initialise on a later cycle."""
         with self.lock:
             if self._up:
-                log.error("NVML is down: %s; re-initialising with backoff", err)
+                log.error("%s%s; re-initialising with backoff", "" if err.from_backend else "NVML is down: ", err)
             self._up = False
             self.last_init_error = err.name
             self.last_init_detail = err.detail or ""
@@ -161,7 +213,8 @@ class Session:
             self.init_failures_total += 1
             self.last_init_error = err.name
             self.last_init_detail = err.detail or ""
-            log.error("NVML init failed: %s; next try in %.0f s", err, self._backoff)
+            # A backend's own failure (the sim's document) carries its own wording: never "NVML init failed".
+            log.error("%s%s; next try in %.0f s", "" if err.from_backend else "NVML init failed: ", err, self._backoff)
             self._schedule_retry()
             return
         self._devices, self._lost, self._up = devices, lost, True

@@ -10,10 +10,12 @@ Where the document comes from (:mod:`exporters.gpu.sim_sources`)::
     SimNvml(open_source("/tmp/device-state.json"))                   # a file, re-read when it changes
     SimNvml(StaticSource(DeviceState(...)))                          # tests
 
-Error mapping: the document cannot be fetched -> ``DriverNotLoaded``; unknown document ``version`` ->
-``LibRmVersionMismatch`` (both make the exporter re-initialise later, and both carry the cause, e.g. the URL
-and the HTTP status, as the exception's ``detail``, which the exporter logs); an index missing from the
-document -> ``GpuIsLost``.
+Error mapping: the document cannot be fetched or parsed -> ``SimDocumentUnavailable``; an unknown document
+``version`` -> ``SimDocumentVersion``. Both are NVML lifecycle errors to the exporter (it reports the backend
+down and re-initialises later), raised as pynvml's DriverNotLoaded / LibRmVersionMismatch classes so that
+code written against pynvml still classifies them, but named and worded as the sim backend's failure: their
+``detail`` (the URL or file, and what came back) is the whole message. An index missing from the document ->
+``GpuIsLost``.
 """
 
 from __future__ import annotations
@@ -110,10 +112,17 @@ class _EventSet:
         self.freed = False
 
 
-def _raise(code: int, detail: str | None = None) -> NoReturn:
+# Error names of the backend's own failures (not NVML's): the exporter's nvml_errors_total and /health show them.
+SIM_DOCUMENT_UNAVAILABLE = "SimDocumentUnavailable"
+SIM_DOCUMENT_VERSION = "SimDocumentVersion"
+
+
+def _raise(code: int, detail: str | None = None, *, backend_error: str | None = None) -> NoReturn:
     err = pynvml.NVMLError(code)
     if detail is not None:
         err.detail = detail  # carried into NvmlError and the exporter's log line
+    if backend_error is not None:
+        err.backend_error = backend_error  # the backend failed, not NVML: NvmlError takes this name and wording
     raise err
 
 
@@ -167,13 +176,18 @@ class SimNvml:
             state = self.source.fetch(self._since_us())
         except SourceError as err:
             self._initialised = False
-            _raise(pynvml.NVML_ERROR_DRIVER_NOT_LOADED, f"sim backend: {err}")
+            _raise(
+                pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+                f"sim backend: cannot read the device-state document: {err}",
+                backend_error=SIM_DOCUMENT_UNAVAILABLE,
+            )
         if state.version != DEVICE_STATE_VERSION:
             self._initialised = False
             _raise(
                 pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
                 f"sim backend: device-state document version {state.version}; this exporter reads version "
                 f"{DEVICE_STATE_VERSION}",
+                backend_error=SIM_DOCUMENT_VERSION,
             )
         self._fetched_at = self._clock()
         if state is self._state:

@@ -1,6 +1,10 @@
 """Where the ``sim`` backend's device-state document comes from: the sim engine over HTTP (incremental,
 ``?since_us=N``), a file re-read when it changes, or a fixed document (tests). Every failure to fetch or
-parse is a :class:`SourceError`, which the backend reports as NVML's ``DriverNotLoaded``."""
+parse is a :class:`SourceError`; the backend reports it as ``SimDocumentUnavailable``, worded as the sim
+backend's failure (the URL or file and what came back), never as an NVML driver failure.
+
+An http URL may be the sim server's base URL (``http://HOST:PORT``, what a user types): with no path, or
+``/``, the document's path :data:`DEVICE_STATE_PATH` is used."""
 
 from __future__ import annotations
 
@@ -76,16 +80,21 @@ class FileSource:
 
 
 class HttpSource:
-    """``GET <url>?since_us=N`` over one kept-alive connection (the sim engine serves it with uvicorn)."""
+    """``GET <url>?since_us=N`` over one kept-alive connection (the sim engine serves it with uvicorn).
+
+    ``url`` is the document's URL or the server's base URL (no path, or ``/``: the document's path is
+    appended); :attr:`url` is the URL actually fetched, which every error names."""
 
     def __init__(self, url: str, *, timeout: float = 2.0) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"not an http:// URL: {url!r}")
-        self.url = url
-        self._host = parts.hostname
+        if parts.path in ("", "/"):  # the server's base URL: the sim engine serves its document here
+            parts = parts._replace(path=DEVICE_STATE_PATH)
+        self.url = urllib.parse.urlunsplit(parts)
+        self._host = parts.hostname or ""
         self._port = parts.port or 80
-        self._path = parts.path or "/"
+        self._path = parts.path
         self._query = urllib.parse.parse_qsl(parts.query)
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None

@@ -59,6 +59,7 @@ def test_every_training_query_returns_data(tmp_path: Path) -> None:
         collectors=["probe"],
         proc_root=None,
         probe_dir=str(probe_dir),
+        collect_interval=0.2,  # the sampler's pass reads the probe directory; the scrape serves the latest
     )
     doc = probe_docs.document(role="trainer", devices=[probe_docs.device(state.devices[0].uuid)])
 
@@ -68,6 +69,7 @@ def test_every_training_query_returns_data(tmp_path: Path) -> None:
         probe_docs.write(probe_dir, doc.model_copy(update={"written_at": now}))
 
     write_probe()
+    exporter.start()
     metrics = TrainingMetrics()
     training_server = serve(metrics)
     gpu_server = MetricsServer(exporter.registry)
@@ -114,3 +116,4 @@ def test_every_training_query_returns_data(tmp_path: Path) -> None:
     finally:
         training_server.close()
         gpu_server.close()
+        exporter.stop()

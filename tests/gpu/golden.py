@@ -39,8 +39,10 @@ def golden_exporter() -> GpuExporter:
         hostname="golden-host",
         timer=lambda: 0.0,
         clock=lambda: FROZEN_TIME,
+        monotonic=lambda: 0.0,  # sample ages 0
+        cpu_clock=lambda: 0.0,  # sampler CPU 0
     )
-    exporter.sampler.tick()
+    exporter.sample_now()
     return exporter
 
 

@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from exporters.gpu.collector import GpuCollector, GpuExporterCollector, Scrape, gauge
+from exporters.gpu.collector import GpuCollector, Scrape, gauge
+from exporters.gpu.exporter_collector import GpuExporterCollector
 from exporters.gpu.nvml import NvmlError
 from exporters.gpu.sampler import Sampler
 from tests.gpu.helpers import MakeRig, Scraped, SimRig, default_state
@@ -95,7 +96,7 @@ def test_error_policy(
 ) -> None:
     c = Fixed(rig.session)
     c.error = error
-    GpuExporterCollector(rig.session, [c], registry=registry)
+    GpuExporterCollector(rig.session, [c], registry=registry).sample()
     got = Scraped(registry)
     assert got.get("loadlens_gpu_fixed_value", labels(0)) == 10.0
     assert got.get("loadlens_gpu_fixed_value", labels(1)) == gpu1_value
@@ -109,7 +110,7 @@ def test_error_policy(
 def test_lifecycle_error_stops_the_scrape_and_marks_nvml_down(rig: SimRig, registry: CollectorRegistry) -> None:
     c = Fixed(rig.session)
     c.error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
-    GpuExporterCollector(rig.session, [c, Fixed(rig.session)], registry=registry)
+    GpuExporterCollector(rig.session, [c, Fixed(rig.session)], registry=registry).sample()
     text = generate_latest(registry).decode()
     assert 'loadlens_gpu_collector_success{collector="fixed"} 0.0' in text
     assert "loadlens_gpu_nvml_up 0.0" in text
@@ -119,7 +120,7 @@ def test_lifecycle_error_stops_the_scrape_and_marks_nvml_down(rig: SimRig, regis
 
 
 def test_a_broken_collector_does_not_fail_the_scrape(rig: SimRig, registry: CollectorRegistry) -> None:
-    GpuExporterCollector(rig.session, [Broken(rig.session), Fixed(rig.session)], registry=registry)
+    GpuExporterCollector(rig.session, [Broken(rig.session), Fixed(rig.session)], registry=registry).sample()
     text = generate_latest(registry).decode()
     assert "broken_partial" not in text
     assert registry.get_sample_value("loadlens_gpu_collector_success", {"collector": "broken"}) == 0
@@ -133,7 +134,7 @@ def test_a_broken_collector_does_not_fail_the_scrape(rig: SimRig, registry: Coll
 
 def test_zero_gpus_fails_every_collector(make_rig: MakeRig, registry: CollectorRegistry) -> None:
     rig = make_rig(default_state().model_copy(update={"devices": []}))
-    GpuExporterCollector(rig.session, [Fixed(rig.session)], registry=registry)
+    GpuExporterCollector(rig.session, [Fixed(rig.session)], registry=registry).sample()
     assert registry.get_sample_value("loadlens_gpu_collector_success", {"collector": "fixed"}) == 0
     assert registry.get_sample_value("loadlens_gpu_nvml_up") == 0
     assert registry.get_sample_value("loadlens_gpu_devices") == 0
@@ -145,7 +146,7 @@ def test_exporter_health_families(rig: SimRig, registry: CollectorRegistry) -> N
     ticks = ticking(0.002)
     GpuExporterCollector(
         rig.session, [Fixed(rig.session)], sampler=sampler, registry=registry, timer=lambda: next(ticks)
-    )
+    ).sample()
     get = Scraped(registry).get
     assert get("loadlens_gpu_nvml_up") == 1
     assert get("loadlens_gpu_devices") == 2

@@ -223,6 +223,7 @@ def exporter(directory: Path, collectors: list[str]) -> tuple[GpuExporter, list[
 
 
 def scrape(exp: GpuExporter) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    exp.sample_now()  # the sampler's pass reads the directory; the scrape serves it
     text = exp.scrape().decode()
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert len(names) == len(set(names)), "a family repeats: Prometheus would reject the scrape"

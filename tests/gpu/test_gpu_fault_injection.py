@@ -23,9 +23,8 @@ def labels(i: int) -> dict[str, str]:
 
 def build(faults: str, clock: FakeClock, source: StaticSource | None = None) -> tuple[GpuExporter, SimNvml]:
     sim = SimNvml(source or StaticSource(default_state()), faults=parse_faults(faults), max_age=0.0, clock=clock)
-    exporter = GpuExporter(Nvml(sim), backend="sim", proc_root=None)
-    exporter.session._clock = clock  # drive re-init backoff with the same fake time
-    exporter.sampler._clock = clock
+    # One fake monotonic clock drives the re-init backoff, the sampler's schedule and the sample ages.
+    exporter = GpuExporter(Nvml(sim), backend="sim", proc_root=None, monotonic=clock)
     return exporter, sim
 
 
@@ -96,14 +95,17 @@ def test_not_supported_fields_are_absent_everywhere() -> None:
 def test_init_failure_then_recovery() -> None:
     clock = FakeClock()
     exporter, sim = build("init-fail:2", clock)
+    exporter.sample_now()
     first = Scraped(exporter.registry)
     assert first.get("loadlens_gpu_nvml_up") == 0
     assert success(first) == ALL_FAILED
     assert first.get("loadlens_gpu_nvml_init_failures_total") == 1
     assert first.series("loadlens_gpu_memory_used_bytes") == {}
     clock.advance(1)
+    exporter.sample_now()
     assert Scraped(exporter.registry).get("loadlens_gpu_nvml_up") == 0  # second failure, backoff 2 s
     clock.advance(2)
+    exporter.sample_now()
     ok = Scraped(exporter.registry)
     assert ok.get("loadlens_gpu_nvml_up") == 1
     assert success(ok) == ALL_OK
@@ -116,19 +118,22 @@ def test_engine_unreachable_mid_run() -> None:
     clock = FakeClock()
     source = StaticSource(default_state())
     exporter, _ = build("", clock, source)
+    exporter.sample_now()
     assert Scraped(exporter.registry).get("loadlens_gpu_nvml_up") == 1
     source.fail = OSError("connection refused")
+    exporter.collector.sample()  # the collectors' pass alone (no poll first), as it runs on its own schedule
     down = Scraped(exporter.registry)
     assert down.get("loadlens_gpu_nvml_up") == 0
     # device reads no NVML (identity is cached at init); the first collector to call NVML finds it down and
     # every later one skips.
     assert success(down) == {**ALL_FAILED, "device": 1.0}
     assert down.series("loadlens_gpu_nvml_errors_total") == {
-        frozenset({("collector", "utilization"), ("error", "DriverNotLoaded")}): 1.0
+        frozenset({("collector", "utilization"), ("error", "SimDocumentUnavailable")}): 1.0
     }
     assert down.series("loadlens_gpu_memory_used_bytes") == {}
     source.fail = None
     clock.advance(1)
+    exporter.sample_now()
     assert Scraped(exporter.registry).get("loadlens_gpu_nvml_up") == 1
 
 
@@ -137,6 +142,7 @@ def test_processes_appear_and_vanish() -> None:
     exporter, _ = build("process-churn", clock)
     counts = []
     for _ in range(4):
+        exporter.sample_now()
         got = Scraped(exporter.registry)
         counts.append(got.get("loadlens_gpu_processes", labels(0)))
         assert success(got)["processes"] == 1
@@ -148,6 +154,7 @@ def test_every_collector_survives_every_device_lost(collector: str) -> None:
     clock = FakeClock()
     sim = SimNvml(StaticSource(default_state()), faults=parse_faults("lost:0@0,lost:1@0"), max_age=0.0, clock=clock)
     exporter = GpuExporter(Nvml(sim), backend="sim", collectors=[collector], proc_root=None)
+    exporter.sample_now()
     got = Scraped(exporter.registry)
     assert got.get("loadlens_gpu_devices") == 2
     assert got.get("loadlens_gpu_collector_success", {"collector": collector}) == 0  # no GPU up

@@ -24,7 +24,13 @@ FILES = ("exporter-default.prom", "exporter-optin.prom", "torch-allocator.prom")
 SIM_ONLY = {"loadlens_gpu_memory_owner_bytes"}
 # Added after the H200 capture: the utilisation collector (the same code on both backends) emits it beside the
 # other window series, with their labels; the next GPU capture (make gpu-check) will carry it.
-ADDED_SINCE_CAPTURE = {"loadlens_gpu_utilization_window_seconds"}
+# The sampling pass's health (issue 24): emitted by the exporter itself, the same on both backends.
+ADDED_SINCE_CAPTURE = {
+    "loadlens_gpu_utilization_window_seconds",
+    "loadlens_gpu_sample_age_seconds",
+    "loadlens_gpu_sampler_cpu_seconds",
+    "loadlens_gpu_collect_interval_seconds",
+}
 # NVML reports these on a data-centre GPU; the 2-GPU sim fixture leaves them unsupported (their absence there
 # is itself tested in the fault-injection tests).
 REAL_ONLY_SAMPLES = {

@@ -154,6 +154,7 @@ def test_exporter_builds_from_the_table_given() -> None:
     [ctx] = seen
     assert (ctx.session, ctx.sampler) == (exp.session, exp.sampler)
     assert (ctx.max_processes, ctx.proc_root, ctx.hostname, ctx.timer, ctx.clock) == (7, None, "h", timer, clock)
+    exp.sample_now()
     assert exp.registry.get_sample_value("loadlens_gpu_probe_devices") == 2.0
     assert exp.registry.get_sample_value("loadlens_gpu_collector_success", {"collector": "probe"}) == 1.0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -193,11 +194,11 @@ def test_a_bug_in_a_tick_does_not_kill_the_thread(rig: SimRig, monkeypatch: pyte
     calls = {"n": 0}
     real_tick = sampler.tick
 
-    def flaky() -> None:
+    def flaky(**kwargs: Any) -> None:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("boom")
-        real_tick()
+        real_tick(**kwargs)
 
     monkeypatch.setattr(sampler, "tick", flaky)
     sampler.start()

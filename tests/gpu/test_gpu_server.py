@@ -101,6 +101,7 @@ def test_index_and_not_found(base_url: str) -> None:
 def test_nvml_down_metrics_200_health_503(source: StaticSource) -> None:
     source.fail = OSError("engine not running")
     exporter = GpuExporter(Nvml(SimNvml(source)), backend="sim", proc_root=None)
+    exporter.sample_now()
     for url in serve(exporter):
         status, _, body = get(f"{url}/metrics")
         assert status == 200  # health series still reach Prometheus
@@ -110,13 +111,15 @@ def test_nvml_down_metrics_200_health_503(source: StaticSource) -> None:
         status, _, body = get(f"{url}/health")
         assert status == 503
         doc = json.loads(body)
-        assert doc["last_init_error"] == "DriverNotLoaded"
-        assert doc["last_init_detail"] == "sim backend: engine not running"  # the cause, not only NVML's name
+        # The sim backend's own failure, named and worded as such (not as NVML's DriverNotLoaded).
+        assert doc["last_init_error"] == "SimDocumentUnavailable"
+        assert doc["last_init_detail"] == "sim backend: cannot read the device-state document: engine not running"
 
 
 def test_degraded_health_when_a_gpu_is_lost() -> None:
     sim = SimNvml(StaticSource(default_state()), faults=parse_faults("lost:1@0"), max_age=0.0)
     exporter = GpuExporter(Nvml(sim), backend="sim", proc_root=None)
+    exporter.sample_now()
     for url in serve(exporter):
         status, _, body = get(f"{url}/metrics")
         assert status == 200
@@ -143,3 +146,25 @@ def test_start_runs_the_sampler(source: StaticSource) -> None:
     finally:
         exporter.stop()
     assert not exporter.session.up
+
+
+def test_metrics_connections_send_without_nagle(source: StaticSource, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Headers and body are two writes: with Nagle on a kept-alive connection the body waits for the client's
+    # delayed ACK (40 ms). The handler's socket must have TCP_NODELAY.
+    import socket
+
+    from exporters.gpu import server as server_module
+
+    seen: list[int] = []
+    original = server_module._Handler.do_GET
+
+    def recording(self: server_module._Handler) -> None:
+        seen.append(self.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        original(self)
+
+    monkeypatch.setattr(server_module._Handler, "do_GET", recording)
+    exporter = GpuExporter(Nvml(SimNvml(source, max_age=0.0)), backend="sim", proc_root=None)
+    exporter.sample_now()
+    for url in serve(exporter):
+        assert get(f"{url}/metrics")[0] == 200
+    assert len(seen) == 1 and seen[0] != 0

@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import pynvml
 import pytest
 
-from exporters.gpu.nvml import Nvml, NvmlError
+from exporters.gpu.nvml import ErrorKind, Nvml, NvmlError
 from exporters.gpu.sim import SimHandle, SimNvml
 from exporters.gpu.sim_sources import FileSource, HttpSource, SourceError, StaticSource, open_source
 from loadlens.contracts.device_state import DeviceState, UtilSample
@@ -311,13 +311,22 @@ def test_http_source_sends_since_us(engine: tuple[str, list[int]]) -> None:
     source.close()
 
 
+def test_http_source_accepts_the_base_url(engine: tuple[str, list[int]]) -> None:
+    base, _ = engine  # http://127.0.0.1:PORT: what a user types
+    for given in (base, f"{base}/"):
+        source = HttpSource(given)
+        assert source.url == f"{base}/sim/device-state"
+        assert len(source.fetch(0).devices) == 2
+        source.close()
+
+
 def test_http_source_errors(engine: tuple[str, list[int]]) -> None:
     base, _ = engine
     with pytest.raises(SourceError) as info:
-        HttpSource(base).fetch(0)  # the server's base URL instead of its document: the hint says which URL
+        HttpSource(f"{base}/engine").fetch(0)  # a path that is not the document: the hint says which URL
     assert str(info.value) == (
-        f"GET {base}: HTTP 404 (the sim engine serves its document at /sim/device-state: try --sim-url "
-        f"{base}/sim/device-state)"
+        f"GET {base}/engine: HTTP 404 (the sim engine serves its document at /sim/device-state: try --sim-url "
+        f"{base}/engine/sim/device-state)"
     )
     with pytest.raises(SourceError) as info:
         HttpSource(f"{base}/sim/device-state/").fetch(0)  # the right path, yet 404 (a proxy in between): no hint
@@ -343,7 +352,10 @@ def test_http_source_unreachable() -> None:
     # The exporter's NVML wrapper carries the cause into its error and so into its log line.
     with pytest.raises(NvmlError) as info:
         Nvml(SimNvml(source)).init()
-    assert info.value.detail is not None and info.value.detail.startswith(
-        f"sim backend: GET http://127.0.0.1:{port}/sim/device-state: "
-    )
-    assert str(info.value).startswith(f"nvmlInit: DriverNotLoaded (9): sim backend: GET http://127.0.0.1:{port}/")
+    # Worded as the sim backend's failure, naming the URL it tried; never as an NVML driver failure.
+    err = info.value
+    prefix = f"sim backend: cannot read the device-state document: GET http://127.0.0.1:{port}/sim/device-state: "
+    assert err.detail is not None and err.detail.startswith(prefix)
+    assert str(err) == err.detail
+    assert (err.name, err.from_backend, err.kind) == ("SimDocumentUnavailable", True, ErrorKind.LIFECYCLE)
+    assert "NVML" not in str(err) and "DriverNotLoaded" not in str(err)

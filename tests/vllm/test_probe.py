@@ -98,6 +98,7 @@ def _complete(client: httpx.Client, model: str) -> None:
 def _exporter_samples(directory: Path) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     nvml = Nvml(SimNvml(StaticSource(default_state()), max_age=0.0, clock=lambda: 0.0))
     exporter = GpuExporter(nvml, backend="sim", collectors=["probe"], proc_root=None, probe_dir=str(directory))
+    exporter.sample_now()  # the sampler's pass reads the directory; the scrape serves it
     text = exporter.scrape().decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value

@@ -47,11 +47,13 @@ class ErrorsCollector(GpuCollector):
             w = self._sampler.window_for(dev.uuid) if self._sampler is not None else None
             if w is None or not w.xid_registered:
                 continue  # XID events unsupported (or no sampler): absent, not 0
-            xid_events.add_metric(dev.labels, float(w.xid_total))
-            for code, n in sorted(w.xid_counts.items()):
+            with self.session.lock:  # the sampler's poll updates them under it
+                total, counts, last_time = w.xid_total, sorted(w.xid_counts.items()), w.xid_last_time
+            xid_events.add_metric(dev.labels, float(total))
+            for code, n in counts:
                 xid_errors.add_metric([*dev.labels, "other" if code == XID_OTHER else str(code)], float(n))
-            if w.xid_last_time is not None:
-                xid_last.add_metric(dev.labels, w.xid_last_time)
+            if last_time is not None:
+                xid_last.add_metric(dev.labels, last_time)
         yield from (xid_events, xid_errors, xid_last, ecc, remapped, pending, failed)
 
 
