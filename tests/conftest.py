@@ -64,6 +64,8 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
 PROCESS_SETTINGS = {
     "PYTEST_CURRENT_TEST": "pytest's own, set per test phase",
     "TOKENIZERS_PARALLELISM": "loadgen/tokenizer.py sets it once per process (setdefault) before the first encode",
+    "TORCHINDUCTOR_CACHE_DIR": "torch's inductor sets it once per process, on the first import that reaches it "
+    "(PEFT's, transformers'), to the same per-user path",
 }
 """Variables a test may leave set: each is set on purpose, once per process, the same way for every test."""
 
