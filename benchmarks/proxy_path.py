@@ -6,8 +6,8 @@ own objects as one socket read each, with a stand-in transport on both sides who
 
 1. the whole read path: ``Connection.data_received`` (httptools) -> ``ProxyStream.on_data`` ->
    ``FrameReader.feed`` -> timing marks -> the HTTP layer's sink (``_Streamed.deliver``: ``on_event`` with the
-   token counter and ITL histogram) -> ``DirectBody.write``, with a consumer task waiting in ``__anext__`` as
-   the HTTP layer's does;
+   request's tally of tokens and inter-token gaps) -> ``DirectBody.write``, with a consumer task waiting in
+   ``__anext__`` as the HTTP layer's does;
 2. each part of it alone, the same calls with the same arguments;
 3. the whole read path again over 64 streams in turn, with the CPU caches evicted between reads (an 8 MiB
    buffer written over): closer to a server on a shared machine, where each read finds its code and data out of
@@ -205,10 +205,26 @@ async def measure(n: int, streams: int) -> list[tuple[str, float]]:
     life = _life(metrics)
     now = time.monotonic
     rows.append(("    RequestLifecycle.on_event", per_call(lambda i: life.on_event(now(), 1, 10, i), list(range(n)))))
-    series = life.series
-    assert series is not None
-    rows.append(("      token counter", per_call(series.add_output_tokens, [1] * n)))
-    rows.append(("      ITL histogram", per_call(series.observe_itl, [0.008] * n)))
+    tally = life.tally
+    assert tally is not None
+
+    def add_tokens(amount: int) -> None:
+        tally.tokens += amount
+
+    rows.append(("      token counter (the request's tally)", per_call(add_tokens, [1] * n)))
+    rows.append(("      ITL histogram (the request's tally)", per_call(tally.observe_itl, [0.008] * n)))
+    tallies = metrics.tallies
+
+    def one_request(gaps: list[float]) -> None:
+        opened = tallies.open(tally.series)
+        opened.tokens += len(gaps) + 1
+        for gap in gaps:
+            opened.observe_itl(gap)
+        tallies.close(opened)
+
+    gaps = [0.008] * 100 + [0.012] * 27  # a request of 128 tokens
+    per_request = per_call(one_request, [gaps] * (n // 100)) - 127 * per_call(tally.observe_itl, [0.008] * n)
+    rows.append(("  a request's tally opened and folded in, per request", per_request))
     framing = DirectBody(_Cycle()).write
     rows.append(("  DirectBody.write (chunk framing; the write goes nowhere)", per_call(framing, payloads)))
 
