@@ -220,7 +220,10 @@ class RequestLifecycle:
             series.breach[slo].inc()
         if not missed:
             series.goodput.inc()
-        self.metrics.requests.labels(self.model_label, self.cls.name, "200").inc()
+        ok = series.ok
+        if ok is None:  # bound at the first success, as labels() here would: no 200 series before one
+            ok = series.ok = self.metrics.requests.labels(self.model_label, self.cls.name, "200")
+        ok.inc()
         self._end_span(timing, now, None, cached_tokens)
         self._log(
             logging.INFO,
@@ -318,6 +321,8 @@ class RequestLifecycle:
         span.end(end_time=now_ns)
 
     def _log(self, level: int, *, timing: RequestTiming | None = None, **fields: object) -> None:
+        if not self.logger.enabled(level):
+            return
         record: dict[str, object] = {
             "request_id": self.request_id,
             "trace_id": self.trace_id,

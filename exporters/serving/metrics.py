@@ -66,6 +66,8 @@ class SeriesSet:
     breach: dict[str, Counter]
     lora_blocking: Histogram
     lora_delayed: Counter
+    ok: Counter | None = None
+    """``loadlens_requests{code="200"}`` of this model and class, once a request of this set succeeded."""
 
 
 class FoldingCounter(Counter):

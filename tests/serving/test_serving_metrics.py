@@ -8,6 +8,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from exporters.serving.engine import RequestTiming
 from exporters.serving.lifecycle import RequestLifecycle
 from exporters.serving.metrics import ServingMetrics
 from exporters.serving.request_log import RequestLogger
@@ -199,3 +200,17 @@ def test_reference_is_prometheus_clients_own() -> None:
     cls = metrics.slos.classes[0].name
     assert type(metrics.itl.labels(MODEL, cls)).observe is Histogram.observe
     assert type(metrics.output_tokens.labels(MODEL, cls)).inc is Counter.inc
+
+
+def test_the_200_series_appears_with_the_first_success() -> None:
+    """``finish_ok`` binds ``loadlens_requests{code="200"}`` once per series set, at its first success: absent
+    before it, as when each success called ``labels``."""
+    registry, metrics = _metrics()
+    metrics.seed_model(MODEL)
+    labels = {"model_name": MODEL, "priority_class": metrics.slos.classes[0].name, "code": "200"}
+    assert registry.get_sample_value("loadlens_requests_total", labels) is None
+    for n in (1, 2):
+        life = _life(metrics)
+        life.on_event(1.0, 1, 10, 1)
+        life.finish_ok("length", RequestTiming())
+        assert registry.get_sample_value("loadlens_requests_total", labels) == n
