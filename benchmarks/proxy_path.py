@@ -6,8 +6,8 @@ own objects as one socket read each, with a stand-in transport on both sides who
 
 1. the whole read path: ``Connection.data_received`` (httptools) -> ``ProxyStream.on_data`` ->
    ``FrameReader.feed`` -> timing marks -> the HTTP layer's sink (``_Streamed.deliver``: ``on_event`` with the
-   token counter and ITL histogram) -> ``DirectBody.write``, with a consumer task waiting in ``__anext__`` as
-   the HTTP layer's does;
+   request's tally of tokens and inter-token gaps) -> ``DirectBody.write``, with a consumer task waiting in
+   ``__anext__`` as the HTTP layer's does;
 2. each part of it alone, the same calls with the same arguments;
 3. the whole read path again over 64 streams in turn, with the CPU caches evicted between reads (an 8 MiB
    buffer written over): closer to a server on a shared machine, where each read finds its code and data out of
@@ -36,7 +36,7 @@ from exporters.serving.engines.openai.frames import FrameReader
 from exporters.serving.engines.openai.stream import ProxyStream
 from exporters.serving.engines.openai.upstream_connection import Connection
 from exporters.serving.lifecycle import RequestLifecycle
-from exporters.serving.metrics import ServingMetrics
+from exporters.serving.metrics import SeriesSet, ServingMetrics
 from exporters.serving.request_log import RequestLogger
 from exporters.serving.responses import ChunkWriter
 from exporters.serving.streaming import _Streamed
@@ -205,10 +205,26 @@ async def measure(n: int, streams: int) -> list[tuple[str, float]]:
     life = _life(metrics)
     now = time.monotonic
     rows.append(("    RequestLifecycle.on_event", per_call(lambda i: life.on_event(now(), 1, 10, i), list(range(n)))))
-    series = life.series
-    assert series is not None
-    rows.append(("      token counter", per_call(series.add_output_tokens, [1] * n)))
-    rows.append(("      ITL histogram", per_call(series.observe_itl, [0.008] * n)))
+    tally = life.tally
+    assert tally is not None
+
+    def add_tokens(amount: int) -> None:
+        tally.tokens += amount
+
+    rows.append(("      token counter (the request's tally)", per_call(add_tokens, [1] * n)))
+    rows.append(("      ITL histogram (the request's tally)", per_call(tally.observe_itl, [0.008] * n)))
+    tallies = metrics.tallies
+
+    def one_request(series: SeriesSet) -> None:
+        """A request's tally opened, holding what 128 tokens leave in it (127 gaps in two buckets), and folded."""
+        opened = tallies.open(series)
+        opened.tokens += 128
+        opened.itl_sum += 1.124
+        opened.counts[0] += 100
+        opened.counts[1] += 27
+        tallies.close(opened)
+
+    rows.append(("  a request's tally opened and folded in, per request", per_call(one_request, [tally.series] * n)))
     framing = DirectBody(_Cycle()).write
     rows.append(("  DirectBody.write (chunk framing; the write goes nowhere)", per_call(framing, payloads)))
 

@@ -90,15 +90,27 @@ class HttpMetrics:
             registry=registry,
             buckets=DURATION_BUCKETS,
         )
+        self._children: dict[tuple[str, int, str], tuple[Counter, Summary, Summary, Histogram]] = {}
+        """Each (method, status, handler)'s children, bound once (``labels`` per request costs a lock and checks)."""
 
     def observe(
         self, method: str, status: int, handler: str, seconds: float, request_bytes: int, response_bytes: int
     ) -> None:
-        self.requests.labels(method, f"{str(status)[0]}xx", handler).inc()
-        self.request_size.labels(handler).observe(request_bytes)
-        self.response_size.labels(handler).observe(response_bytes)
+        key = (method, status, handler)
+        children = self._children.get(key)
+        if children is None:  # bound at the first request of its kind, as labels() on each request would be
+            children = self._children[key] = (
+                self.requests.labels(method, f"{str(status)[0]}xx", handler),
+                self.request_size.labels(handler),
+                self.response_size.labels(handler),
+                self.duration.labels(method, handler),
+            )
+        requests, request_size, response_size, duration = children
+        requests.inc()
+        request_size.observe(request_bytes)
+        response_size.observe(response_bytes)
         self.duration_highr.observe(seconds)
-        self.duration.labels(method, handler).observe(seconds)
+        duration.observe(seconds)
 
 
 def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str | None:

@@ -16,7 +16,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from exporters.serving.engine import RequestTiming
-from exporters.serving.metrics import SeriesSet, ServingMetrics
+from exporters.serving.metrics import SeriesSet, ServingMetrics, StreamTally
 from exporters.serving.request_log import RequestLogger
 from exporters.serving.tracing import new_span_id, new_trace_id
 from loadlens.contracts.slo import PriorityClass
@@ -46,6 +46,8 @@ class RequestLifecycle:
     span_id: str
     span: Span | None = None
     series: SeriesSet | None = None
+    tally: StreamTally | None = None
+    """This request's output tokens and inter-token gaps, from admission until it finishes (metrics.py)."""
     prompt_tokens: int = 0
     output_tokens: int = 0
     first_token_at: float | None = None
@@ -131,6 +133,7 @@ class RequestLifecycle:
         self.admitted = True
         self.series = self.metrics.series(self.operation, self.model_label, self.cls.name)
         self.series.in_flight.inc()
+        self.tally = self.metrics.tallies.open(self.series)
 
     def withdraw(self) -> None:
         """Undo :meth:`admit` for a request the engine refused after all (a non-streamed request through the
@@ -138,35 +141,41 @@ class RequestLifecycle:
         if self.admitted and self.series is not None:
             self.series.in_flight.dec()
         self.admitted = False
+        self._close_tally()
+
+    def _close_tally(self) -> None:
+        """Fold this request's tally into the shared series: at its end, after its last ``on_event``."""
+        if self.tally is not None:
+            self.metrics.tallies.close(self.tally)
 
     # --- per event (hot path) ---------------------------------------------------------------------------
 
     def on_event(self, now: float, new_tokens: int, prompt_tokens: int, output_tokens: int) -> None:
-        series = self.series
-        assert series is not None
+        tally = self.tally
+        assert tally is not None
         self.prompt_tokens = prompt_tokens
         if new_tokens <= 0:
             self.output_tokens = max(self.output_tokens, output_tokens)
             return
         self.output_tokens = output_tokens
-        series.add_output_tokens(new_tokens)
+        tally.tokens += new_tokens
         if self.first_token_at is None:
             self.first_token_at = now
             if self.span is not None:
                 self.span.add_event("gen_ai.first_token", timestamp=time.time_ns())
         elif self.last_token_at is not None:
-            series.observe_itl(now - self.last_token_at)
+            tally.observe_itl(now - self.last_token_at)
         self.last_token_at = now
 
     def on_whole(self, prompt_tokens: int, output_tokens: int) -> None:
         """An answer that arrived whole (a proxy relaying a non-streamed upstream answer): its tokens are
         counted; they have no arrival times, so there is no first token and no inter-token gap."""
-        series = self.series
-        assert series is not None
+        tally = self.tally
+        assert tally is not None
         self.whole = True
         self.prompt_tokens = prompt_tokens
         if output_tokens > self.output_tokens:
-            series.add_output_tokens(output_tokens - self.output_tokens)
+            tally.tokens += output_tokens - self.output_tokens
         self.output_tokens = max(self.output_tokens, output_tokens)
 
     # --- endings ----------------------------------------------------------------------------------------
@@ -179,6 +188,7 @@ class RequestLifecycle:
         series = self.series
         assert series is not None
         series.in_flight.dec()
+        self._close_tally()
         self.finish_reason = finish_reason
         exemplar = {"trace_id": self.trace_id}
         e2e = now - self.arrival
@@ -210,7 +220,10 @@ class RequestLifecycle:
             series.breach[slo].inc()
         if not missed:
             series.goodput.inc()
-        self.metrics.requests.labels(self.model_label, self.cls.name, "200").inc()
+        ok = series.ok
+        if ok is None:  # bound at the first success, as labels() here would: no 200 series before one
+            ok = series.ok = self.metrics.requests.labels(self.model_label, self.cls.name, "200")
+        ok.inc()
         self._end_span(timing, now, None, cached_tokens)
         self._log(
             logging.INFO,
@@ -231,6 +244,7 @@ class RequestLifecycle:
         now = time.monotonic()
         if self.series is not None:
             self.series.in_flight.dec()
+        self._close_tally()
         self.metrics.aborts.labels(self.model_label, reason).inc()
         self.metrics.requests.labels(self.model_label, self.cls.name, "499").inc()
         self.metrics.duration.labels(
@@ -247,6 +261,7 @@ class RequestLifecycle:
         now = time.monotonic()
         if self.series is not None:
             self.series.in_flight.dec()
+        self._close_tally()
         self.metrics.aborts.labels(self.model_label, "engine_error").inc()
         self._record_failure(status, error_type, now)
         self._end_span(timing, now, error_type, 0, message)
@@ -306,6 +321,8 @@ class RequestLifecycle:
         span.end(end_time=now_ns)
 
     def _log(self, level: int, *, timing: RequestTiming | None = None, **fields: object) -> None:
+        if not self.logger.enabled(level):
+            return
         record: dict[str, object] = {
             "request_id": self.request_id,
             "trace_id": self.trace_id,

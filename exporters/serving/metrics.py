@@ -3,18 +3,22 @@ and ``loadlens_*``. Engines emit their own series (the sim: ``vllm:*``); no name
 
 Label values are bounded: the model label only ever holds served names (capped, overflow ``other``),
 ``priority_class`` comes from the SLO file, reasons and outcomes are enums. Per-label-set children are
-bound once and cached (:class:`SeriesSet`), so the per-token path is a handful of attribute lookups; its two
-updates (token counter, ITL histogram) skip prometheus_client's per-call checks (:func:`adder`, :func:`observer`).
+bound once and cached (:class:`SeriesSet`). The per-token path takes no lock and calls nothing of
+prometheus_client: a request's output tokens and inter-token gaps go to its own :class:`StreamTally` (plain
+numbers), which :class:`Tallies` folds into the shared children when the request finishes and before every collect
+of the two series, so every scrape sees every token delivered before it (:class:`FoldingCounter`,
+:class:`FoldingHistogram`).
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from exporters.serving.errors import REJECT_REASONS
 from loadlens.contracts import buckets
@@ -62,42 +66,112 @@ class SeriesSet:
     breach: dict[str, Counter]
     lora_blocking: Histogram
     lora_delayed: Counter
-    add_output_tokens: Callable[[float], None] = field(init=False)
-    """``output_tokens.inc`` for the per-token path (:func:`adder`)."""
-    observe_itl: Callable[[float], None] = field(init=False)
-    """``itl.observe`` for the per-token path (:func:`observer`)."""
-
-    def __post_init__(self) -> None:
-        self.add_output_tokens = adder(self.output_tokens)
-        self.observe_itl = observer(self.itl)
+    ok: Counter | None = None
+    """``loadlens_requests{code="200"}`` of this model and class, once a request of this set succeeded."""
 
 
-# adder and observer reach into prometheus_client's private attributes (a child's ``_value``, a histogram's
-# ``_upper_bounds``, ``_buckets`` and ``_sum``). Kept because tests/serving/test_serving_metrics.py pins the
-# exposition they leave byte for byte against ``Counter.inc`` and ``Histogram.observe``: a prometheus_client
-# release that changes those attributes fails there, not silently in production.
+class FoldingCounter(Counter):
+    """A Counter whose ``collect`` first runs ``before_collect`` (set on the parent): the per-token tallies of
+    requests in flight are folded into its children before anything reads them. Children are of this class
+    too (prometheus_client makes them with ``self.__class__``) and leave ``before_collect`` unset."""
+
+    before_collect: Callable[[], None] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
+        return super().collect()
 
 
-def adder(counter: Counter) -> Callable[[float], None]:
-    """``counter.inc`` for a bound child and amounts known to be positive: its value's own ``inc``, which
-    ``Counter.inc`` calls after checking both on every call. Runs once per streamed read."""
-    inc: Callable[[float], None] = counter._value.inc
-    return inc
+class FoldingHistogram(Histogram):
+    """:class:`FoldingCounter`'s ``before_collect`` for a Histogram."""
+
+    before_collect: Callable[[], None] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
+        return super().collect()
 
 
-def observer(histogram: Histogram) -> Callable[[float], None]:
-    """``histogram.observe`` (no exemplar) of a bound child for finite amounts: the same sum and bucket
-    counts, the bucket found by bisection (the first bound >= the amount, as ``observe``'s scan finds it)
-    and without ``observe``'s per-call check that it is a child. Runs once per streamed read."""
-    bounds = tuple(histogram._upper_bounds)
-    buckets = histogram._buckets
-    add_to_sum = histogram._sum.inc
+class StreamTally:
+    """One request's per-token updates, kept as plain numbers: output tokens for ``loadlens_output_tokens``, and
+    the ITL histogram's bucket counts (``counts[i]``: observations whose first bound >= the gap is
+    ``bounds[i]``, as ``Histogram.observe`` finds it) and sum. Only the task that runs the request writes them,
+    without a lock (:meth:`observe_itl`, ``tokens +=``); :class:`Tallies` reads them and adds what it has not
+    added yet to the shared children. The numbers only grow, so a fold in another thread misses nothing: an
+    update it does not see goes in at the next fold."""
 
-    def observe(amount: float) -> None:
-        add_to_sum(amount)
-        buckets[bisect_left(bounds, amount)].inc(1)
+    __slots__ = ("_folded_counts", "_folded_sum", "_folded_tokens", "bounds", "counts", "itl_sum", "series", "tokens")
 
-    return observe
+    def __init__(self, series: SeriesSet) -> None:
+        self.series = series
+        self.bounds: tuple[float, ...] = tuple(series.itl._upper_bounds)
+        self.tokens: float = 0
+        self.itl_sum = 0.0
+        self.counts = [0] * len(self.bounds)
+        self._folded_tokens: float = 0
+        self._folded_sum = 0.0
+        self._folded_counts = [0] * len(self.bounds)
+
+    def observe_itl(self, gap: float) -> None:
+        """``itl.observe(gap)`` for a finite gap, into this tally. Runs once per streamed read."""
+        self.itl_sum += gap
+        self.counts[bisect_left(self.bounds, gap)] += 1
+
+    def fold(self) -> None:
+        """Add to the children what this tally counted since the last fold. Only under :class:`Tallies`' lock.
+
+        The sum goes in as the difference of this stream's running sums: the same real sum as one ``observe``
+        per gap, its float rounding in another order (as the interleaving of streams already changes it)."""
+        series = self.series
+        tokens = self.tokens
+        if tokens != self._folded_tokens:
+            series.output_tokens._value.inc(tokens - self._folded_tokens)
+            self._folded_tokens = tokens
+        total = self.itl_sum
+        if total != self._folded_sum:
+            series.itl._sum.inc(total - self._folded_sum)
+            self._folded_sum = total
+        folded = self._folded_counts
+        buckets = series.itl._buckets
+        for i, count in enumerate(self.counts):
+            if count != folded[i]:
+                buckets[i].inc(count - folded[i])
+                folded[i] = count
+
+
+# StreamTally reaches into prometheus_client's private attributes (a histogram's ``_upper_bounds``, ``_buckets``
+# and ``_sum``, a counter's ``_value``). tests/serving/test_serving_metrics.py pins the exposition tallies leave
+# byte for byte against ``Counter.inc`` and ``Histogram.observe``: a prometheus_client release that changes
+# those attributes fails there, not silently in production.
+
+
+class Tallies:
+    """The :class:`StreamTally` of every request in flight: opened at admission, folded into the children and
+    dropped when the request finishes, and all folded before every collect of the two series they feed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[StreamTally] = set()
+
+    def open(self, series: SeriesSet) -> StreamTally:
+        tally = StreamTally(series)
+        with self._lock:
+            self._live.add(tally)
+        return tally
+
+    def close(self, tally: StreamTally) -> None:
+        """Fold ``tally`` in and stop following it: what it counts later is not counted."""
+        with self._lock:
+            tally.fold()
+            self._live.discard(tally)
+
+    def fold(self) -> None:
+        """Fold every live tally in (before a collect)."""
+        with self._lock:
+            for tally in self._live:
+                tally.fold()
 
 
 class ServingMetrics:
@@ -140,19 +214,21 @@ class ServingMetrics:
             buckets=buckets.GEN_AI_TOKEN_USAGE,
             registry=registry,
         )
-        self.itl = Histogram(
+        self.tallies = Tallies()
+        self.itl = FoldingHistogram(
             "loadlens_inter_token_latency_seconds",
             "Gap between consecutive streamed output events of one request, as sent by the serving layer.",
             ll,
             buckets=buckets.with_boundaries(buckets.VLLM_INTER_TOKEN_LATENCY, slos.all_thresholds("itl")),
             registry=registry,
         )
-        self.output_tokens = Counter(
+        self.output_tokens = FoldingCounter(
             "loadlens_output_tokens",
             "Output tokens sent to clients (counted as they stream, so rate() is smooth).",
             ll,
             registry=registry,
         )
+        self.itl.before_collect = self.output_tokens.before_collect = self.tallies.fold
         self.requests = Counter(
             "loadlens_requests",
             "Finished generation requests by HTTP status code (after the response completed or failed).",

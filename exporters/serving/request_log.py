@@ -52,6 +52,10 @@ class RequestLogger:
         self._format = format_json if fmt == "json" else format_logfmt
         self._log = logger or logging.getLogger(LOGGER_NAME)
 
+    def enabled(self, level: int) -> bool:
+        """Whether a line at ``level`` would be written (callers skip building it when not)."""
+        return self._log.isEnabledFor(level)
+
     def log(self, fields: Mapping[str, Any], level: int = logging.INFO) -> None:
         if not self._log.isEnabledFor(level):
             return

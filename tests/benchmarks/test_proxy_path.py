@@ -20,8 +20,9 @@ def test_the_quick_variant_measures_every_part(capsys: pytest.CaptureFixture[str
         "ProxyStream._progress (timing marks)",
         "_Streamed.take (on_event and the event's fields)",
         "RequestLifecycle.on_event",
-        "token counter",
-        "ITL histogram",
+        "token counter (the request's tally)",
+        "ITL histogram (the request's tally)",
+        "a request's tally opened and folded in, per request",
         "DirectBody.write (chunk framing; the write goes nowhere)",
         "whole read path (4 streams in turn, caches evicted)",
     ]

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.engines.openai.engine import OpenAIProxyEngine
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
-from exporters.serving.http_metrics import DURATION_BUCKETS, DURATION_HIGHR_BUCKETS
+from exporters.serving.http_metrics import DURATION_BUCKETS, DURATION_HIGHR_BUCKETS, HttpMetrics
 from exporters.serving.tracing import Tracing
 from tests.serving.conftest import Served
 from tests.support.server import serve_app
@@ -129,3 +129,25 @@ def test_malformed_bodies_are_4xx_under_their_route(served: Served, path: str) -
     assert r.status_code == 400
     _wait_for(served.registry, "http_requests_total", method="POST", status="4xx", handler=path)
     assert _value(served.registry, "http_requests_total", method="POST", status="4xx", handler=path) == 1
+
+
+def test_each_method_status_and_handler_is_counted_on_its_own_children() -> None:
+    """The children bound once per (method, status, handler) count what ``labels`` per request would."""
+    registry = CollectorRegistry()
+    http = HttpMetrics(registry)
+    for status in (200, 404, 200, 201, 503):
+        http.observe("POST", status, "/v1/completions", 0.2, 10, 5)
+    http.observe("GET", 200, "/v1/models", 0.05, 0, 7)
+
+    def value(name: str, labels: dict[str, str]) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    post = {"method": "POST", "handler": "/v1/completions"}
+    assert value("http_requests_total", {**post, "status": "2xx"}) == 3
+    assert value("http_requests_total", {**post, "status": "4xx"}) == 1
+    assert value("http_requests_total", {**post, "status": "5xx"}) == 1
+    assert value("http_requests_total", {"method": "GET", "handler": "/v1/models", "status": "2xx"}) == 1
+    assert value("http_request_size_bytes_sum", {"handler": "/v1/completions"}) == 50
+    assert value("http_response_size_bytes_sum", {"handler": "/v1/models"}) == 7
+    assert value("http_request_duration_seconds_count", post) == 5
+    assert value("http_request_duration_highr_seconds_count", {}) == 6
