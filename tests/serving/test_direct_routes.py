@@ -106,6 +106,10 @@ def _http_requests(registry: CollectorRegistry) -> float:
     return sum(s.value for m in registry.collect() for s in m.samples if s.name == "http_requests_total")
 
 
+def _in_flight(registry: CollectorRegistry) -> float:
+    return sum(s.value for m in registry.collect() for s in m.samples if s.name == "loadlens_requests_in_flight")
+
+
 class _Spy:
     """Counts the requests the direct routes served (``of``: only these routes', e.g. not the upstream's)."""
 
@@ -136,7 +140,9 @@ class _Rig:
         before, counted = _samples(self.registry), _http_requests(self.registry)
         r = httpx.post(self.url + path, content=body, headers=headers, timeout=30)
         deadline = time.monotonic() + 30
-        while _http_requests(self.registry) < counted + 1:  # recorded after the last byte went out
+        # Recorded after the last byte went out: the HTTP layer's count and the request's own end (in flight
+        # back to 0) come from two places, which a loaded machine may run in either order.
+        while _http_requests(self.registry) < counted + 1 or _in_flight(self.registry) != 0:
             assert time.monotonic() < deadline, "the request was never recorded"
             time.sleep(0.005)
         return _response(r), _delta(before, _samples(self.registry))
