@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loadlens.report.documents import write_page
 from loadlens.util.cliutil import UsageError, env_arg
 
 if TYPE_CHECKING:
@@ -258,12 +259,7 @@ def build_report(
         alert_error=alert_error,
         alerts_end=alerts_end,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / REPORT_FILE
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_page(out, REPORT_FILE, page)
 
 
 def gpu_bench_report(args: argparse.Namespace, file: Path) -> int:
@@ -280,11 +276,7 @@ def gpu_bench_report(args: argparse.Namespace, file: Path) -> int:
         raise UsageError(f"--out: {out} exists and is not a directory")
     page = render_gpu_bench_page(result, source=str(file), generated=time.time())
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / REPORT_FILE
-        tmp = path.with_suffix(".html.tmp")
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(path)
+        path = write_page(out, REPORT_FILE, page)
     except OSError as err:
         print(f"loadlens report: error: cannot write {out}: {err.strerror}", file=sys.stderr)
         return 1
@@ -351,11 +343,7 @@ def experiment_report(args: argparse.Namespace, file: Path) -> int:
         **kwargs,  # type: ignore[arg-type]
     )
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / REPORT_FILE
-        tmp = path.with_suffix(".html.tmp")
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(path)
+        path = write_page(out, REPORT_FILE, page)
     except OSError as err:
         print(f"loadlens report: error: cannot write {out}: {err.strerror}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ from loadlens.contracts.experiment_result import (
     Table,
     parse_experiment_result,
 )
+from loadlens.report.documents import named_document
 from loadlens.report.html import _CSS, DASH, ChartSection, _alerts, _charts, _table, _utc
 from loadlens.report.queries import FiredAlert, Stage
 
@@ -315,17 +316,7 @@ def is_experiment_document(doc: Any) -> bool:
 
 def experiment_file(path: str | Path) -> Path | None:
     """The experiment result ``path`` names (the file, or a directory holding it), None when it names none."""
-    given = Path(path)
-    if given.is_dir():
-        file = given / EXPERIMENT_FILE
-        return file if file.is_file() else None
-    if given.is_file():
-        try:
-            doc = json.loads(given.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return given if is_experiment_document(doc) else None
-    return None
+    return named_document(path, EXPERIMENT_FILE, is_experiment_document)
 
 
 def load_experiment(file: Path) -> ExperimentResult:

@@ -21,22 +21,13 @@ from loadlens.contracts.gpu_bench_result import (
     parse_gpu_bench,
     tables,
 )
+from loadlens.report.documents import named_document
 from loadlens.report.html import _CSS, _table, _utc
 
 
 def gpu_bench_file(path: str | Path) -> Path | None:
     """The gpu_bench.json ``path`` names (the file, or a directory holding it), None when it names none."""
-    given = Path(path)
-    if given.is_dir():
-        file = given / RESULT_FILE
-        return file if file.is_file() else None
-    if given.is_file():
-        try:
-            doc = json.loads(given.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return given if is_gpu_bench_document(doc) else None
-    return None
+    return named_document(path, RESULT_FILE, is_gpu_bench_document)
 
 
 def load_gpu_bench(file: Path) -> GpuBenchResult:
