@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--collectors",
         default="default",
         help="comma-separated collectors; 'default' = device,utilization,memory,processes,power,clock_events,"
-        "errors,allocator; also pcie (opt-in, ~20 ms per direction per GPU), dcgm and probe (with --probe-dir)",
+        "errors,allocator,gpm; also pcie (opt-in, ~20 ms per direction per GPU), dcgm and probe (with --probe-dir)",
     )
     arg(
         p,

@@ -1,7 +1,8 @@
 """Collector plumbing: the sub-collector base class, per-call error handling, and the exporter collector.
 
 Each concern is one :class:`GpuCollector` subclass in ``exporters/gpu/collectors/``. It yields fresh
-metric families every run and keeps no state between runs. Standalone (registered on its own), it runs at
+metric families every run and keeps no state between runs (except ``gpm``: a GPM metric needs the previous
+pass's sample). Standalone (registered on its own), it runs at
 each collection and also yields its own ``loadlens_gpu_collector_success`` and ``..._duration_seconds``.
 Inside the exporter, :class:`exporters.gpu.exporter_collector.GpuExporterCollector` runs every enabled
 sub-collector in the sampler's pass (every NVML read happens there) and a scrape serves the latest pass. It

@@ -37,6 +37,7 @@ UNSUPPORTABLE_FIELDS: dict[str, tuple[str, ...]] = {
     "clock-events": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetSupportedClocksEventReasons"),
     "xid": ("nvmlDeviceRegisterEvents",),
     "pci": ("nvmlDeviceGetPciInfo",),
+    "gpm": ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet"),
     "memory-owners": ("loadlensSimMemoryByOwner",),
     "allocator": ("loadlensSimAllocatorState",),
 }

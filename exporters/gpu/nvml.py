@@ -190,6 +190,11 @@ class NvmlApi(Protocol):
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
     def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any: ...
     def nvmlEventSetFree(self, eventSet: Any) -> None: ...
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any: ...
+    def nvmlGpmSampleAlloc(self) -> Any: ...
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None: ...
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any: ...
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any: ...
 
 
 def _text(value: str | bytes) -> str:
@@ -420,6 +425,43 @@ class Nvml:
 
     def event_set_free(self, event_set: Any) -> None:
         self._call("nvmlEventSetFree", event_set)
+
+    # --- GPM profiling counters (Hopper and newer) ---
+
+    def gpm_supported(self, handle: Any) -> bool:
+        return bool(self._call("nvmlGpmQueryDeviceSupport", handle).isSupportedDevice)
+
+    def gpm_sample_alloc(self) -> Any:
+        return self._call("nvmlGpmSampleAlloc")
+
+    def gpm_sample_free(self, sample: Any) -> None:
+        self._call("nvmlGpmSampleFree", sample)
+
+    def gpm_sample_get(self, handle: Any, sample: Any) -> Any:
+        """Fills ``sample`` (from :meth:`gpm_sample_alloc`) with the device's counters now; returns it."""
+        self._call("nvmlGpmSampleGet", handle, sample)
+        return sample
+
+    def gpm_metrics(self, sample1: Any, sample2: Any, metric_ids: Sequence[int]) -> dict[int, float]:
+        """GPM metrics between two samples, by NVML_GPM_METRIC_* id, in NVML's units (percent, MiB/s). A metric
+        whose own return code says not supported is left out; any other per-metric failure raises."""
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(metric_ids)
+        request.sample1 = sample1
+        request.sample2 = sample2
+        for i, metric_id in enumerate(metric_ids):
+            request.metrics[i].metricId = metric_id
+        got = self._call("nvmlGpmMetricsGet", request)
+        out: dict[int, float] = {}
+        for i in range(len(metric_ids)):
+            m = got.metrics[i]
+            code = int(m.nvmlReturn)
+            if code == _NVML_SUCCESS:
+                out[int(m.metricId)] = float(m.value)
+            elif _KIND_BY_CODE.get(code, ErrorKind.OTHER) not in (ErrorKind.UNSUPPORTED, ErrorKind.NO_DATA):
+                raise NvmlError(code, "nvmlGpmMetricsGet")
+        return out
 
     # --- simulator-only state (NotSupported on real NVML) ---
 

@@ -36,8 +36,10 @@ class BuildContext:
     proc_root: str | None = "/proc"
     hostname: str | None = None
     probe_dir: str | None = None  # where the in-process probes write (collectors/probe.py)
+    dcgm_compat: bool = False  # --dcgm-compat: collectors with DCGM equivalents also export DCGM_FI_* aliases
     timer: Callable[[], float] = field(default=time.perf_counter)
     clock: Callable[[], float] = field(default=time.time)
+    monotonic: Callable[[], float] = field(default=time.monotonic)  # intervals between passes (gpm)
 
 
 Factory = Callable[[BuildContext], "GpuCollector"]

@@ -97,8 +97,10 @@ class GpuExporter:
             proc_root=proc_root,
             hostname=hostname,
             probe_dir=probe_dir,
+            dcgm_compat="dcgm" in collectors,  # --dcgm-compat adds the dcgm collector
             timer=timer,
             clock=clock,
+            monotonic=monotonic,
         )
         # Keep the order asked for (it is the order of the families in /metrics); drop duplicates.
         built = [available.build(name, ctx) for name in dict.fromkeys(collectors)]

@@ -31,8 +31,14 @@ import pynvml
 
 from exporters.gpu.faults import Faults
 from exporters.gpu.nvml import CLOCK_EVENT_BITS
+from exporters.gpu.sim_gpm import SimGpm
 from exporters.gpu.sim_sources import DocumentSource, SourceError
-from loadlens.contracts.device_state import DEVICE_STATE_VERSION, AllocatorState, DeviceState, SimDevice
+from loadlens.contracts.device_state import (
+    READABLE_DEVICE_STATE_VERSIONS,
+    AllocatorState,
+    DeviceState,
+    SimDevice,
+)
 
 # Driver ring buffers hold a bounded number of samples; so does ours (per device).
 SAMPLE_BUFFER = 8192  # > 60 s at the sim engine's 10 ms, so the first fetch keeps a full window
@@ -126,7 +132,7 @@ def _raise(code: int, detail: str | None = None, *, backend_error: str | None = 
     raise err
 
 
-class SimNvml:
+class SimNvml(SimGpm):
     """pynvml's call surface over a device-state document, with fault injection.
 
     ``max_age`` bounds how stale the cached document may be before a call fetches it again (the sampler
@@ -181,12 +187,12 @@ class SimNvml:
                 f"sim backend: cannot read the device-state document: {err}",
                 backend_error=SIM_DOCUMENT_UNAVAILABLE,
             )
-        if state.version != DEVICE_STATE_VERSION:
+        if state.version not in READABLE_DEVICE_STATE_VERSIONS:
             self._initialised = False
             _raise(
                 pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-                f"sim backend: device-state document version {state.version}; this exporter reads version "
-                f"{DEVICE_STATE_VERSION}",
+                f"sim backend: device-state document version {state.version}; this exporter reads versions "
+                f"{', '.join(map(str, sorted(READABLE_DEVICE_STATE_VERSIONS)))}",
                 backend_error=SIM_DOCUMENT_VERSION,
             )
         self._fetched_at = self._clock()

@@ -4,14 +4,17 @@ The sim engine serves it at ``GET /sim/device-state`` (see docs/device-state.md)
 ``sim`` backend reads it and presents it through the same call surface as pynvml. Units are base units
 (bytes, watts, joules, hertz, seconds) except where NVML itself uses a percentage (utilisation, 0-100).
 
-Versioning: ``version`` is bumped on any incompatible change; readers reject versions they do not know.
+Versioning: ``version`` is bumped on every change of the schema; a reader lists the versions it reads
+(:data:`READABLE_DEVICE_STATE_VERSIONS`) and rejects the others. Version 2 added ``SimDevice.gpm``; a
+version-1 document (no ``gpm``) still parses and reads as GPM unsupported.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-DEVICE_STATE_VERSION = 1
+DEVICE_STATE_VERSION = 2
+READABLE_DEVICE_STATE_VERSIONS: frozenset[int] = frozenset({1, 2})  # 1: before the GPM counters
 DEVICE_STATE_PATH = "/sim/device-state"  # where `loadlens serve --engine sim` serves the document
 
 
@@ -58,6 +61,23 @@ class DeviceProcess(_Strict):
     used_bytes: int = Field(ge=0)
 
 
+class GpmCounters(_Strict):
+    """Cumulative profiling counters as NVML GPM samples them (Hopper and newer): GPM metrics are the change
+    of these between two samples divided by the time between them. ``None``: the device models no such
+    counter (the metric reads as not supported)."""
+
+    time_seconds: float = Field(ge=0, description="time the counters cover, since the simulated device started")
+    graphics_active_seconds: float = Field(ge=0, description="time any kernel ran (GPM GRAPHICS_UTIL)")
+    sm_active_seconds: float = Field(ge=0, description="SM-time with at least one warp, per SM (GPM SM_UTIL)")
+    sm_occupancy_seconds: float = Field(ge=0, description="resident warps / max warps, time-integrated")
+    tensor_active_seconds: float = Field(ge=0, description="time the tensor pipes were busy (ANY_TENSOR_UTIL)")
+    dram_active_seconds: float = Field(ge=0, description="time-integrated share of DRAM bandwidth (DRAM_BW_UTIL)")
+    fp16_active_seconds: float | None = Field(default=None, ge=0, description="non-tensor FP16 pipe time")
+    fp32_active_seconds: float | None = Field(default=None, ge=0, description="non-tensor FP32 pipe time")
+    pcie_tx_bytes: int | None = Field(default=None, ge=0, description="bytes sent over PCIe")
+    pcie_rx_bytes: int | None = Field(default=None, ge=0, description="bytes received over PCIe")
+
+
 class SimDevice(_Strict):
     index: int = Field(ge=0)
     uuid: str
@@ -83,10 +103,11 @@ class SimDevice(_Strict):
         description="active clock-event (throttle) reasons, NVML names without prefix, e.g. 'sw_power_cap'"
     )
     processes: list[DeviceProcess]
+    gpm: GpmCounters | None = Field(default=None, description="GPM counters (version 2); None: GPM not supported")
 
 
 class DeviceState(_Strict):
-    version: int = Field(description=f"document version; this is version {DEVICE_STATE_VERSION}")
+    version: int = Field(description=f"document version; this is version {DEVICE_STATE_VERSION} (readers also read 1)")
     timestamp_us: int = Field(description="when the document was produced, CLOCK_REALTIME microseconds")
     driver_version: str
     cuda_driver_version: int = Field(description="as nvmlSystemGetCudaDriverVersion, e.g. 12040")

@@ -51,6 +51,20 @@ def dashboard(slos: SLOConfig) -> Dashboard:
                 ),
                 "Dominant period of the swing (absent when flat); periods under 2× the sample interval are invisible.",
             ),
+            Panel(
+                "SM and tensor activity (GPM)",
+                "percentunit",
+                (
+                    Target(f"loadlens_gpu_gpm_sm_active_ratio{{{GPU}}}", "gpu {{gpu}} SM active"),
+                    Target(f"loadlens_gpu_gpm_tensor_active_ratio{{{GPU}}}", "gpu {{gpu}} tensor active"),
+                    Target(f"loadlens_gpu_gpm_dram_active_ratio{{{GPU}}}", "gpu {{gpu}} DRAM bandwidth"),
+                ),
+                "NVML GPM profiling counters over the exporter's pass interval (Hopper and newer; absent elsewhere): "
+                "SM cycles with a warp resident, tensor pipes busy, DRAM bandwidth used. Unlike utilisation, these "
+                "show how much of the GPU the kernels fill.",
+                min=0,
+                max=1,
+            ),
         ),
     )
     vram = Row(

@@ -21,6 +21,7 @@ from loadlens.contracts.device_state import (
     AllocatorState,
     DeviceProcess,
     DeviceState,
+    GpmCounters,
     MemoryByOwner,
     SimDevice,
     UtilSample,
@@ -109,6 +110,18 @@ def example_device(
         max_sm_clock_hz=1_980e6,
         clock_event_reasons=["sw_power_cap"] if index % 2 else [],
         processes=processes,
+        # Cumulative GPM counters after an hour (a static document: two samples of it read 0 activity).
+        gpm=GpmCounters(
+            time_seconds=3600.0,
+            graphics_active_seconds=2448.0,
+            sm_active_seconds=2160.0,
+            sm_occupancy_seconds=540.0,
+            tensor_active_seconds=1440.0,
+            dram_active_seconds=1476.0,
+            fp32_active_seconds=36.0,
+            pcie_tx_bytes=3_600 * MIB,
+            pcie_rx_bytes=7_200 * MIB,
+        ),
     )
 
 

@@ -34,6 +34,7 @@ ALL = (
     "allocator",
     "pcie",
     "dcgm",
+    "gpm",
     "probe",
 )
 
@@ -66,8 +67,8 @@ def exporter(**kwargs: object) -> GpuExporter:
 def test_registered_names_order_and_defaults_unchanged() -> None:
     assert COLLECTORS.names() == ALL
     assert tuple(COLLECTORS) == ALL
-    assert len(COLLECTORS) == 11
-    assert COLLECTORS.defaults() == ALL[:8]  # pcie, dcgm and probe are opt-in
+    assert len(COLLECTORS) == 12
+    assert COLLECTORS.defaults() == (*ALL[:8], "gpm")  # pcie, dcgm and probe are opt-in
     assert COLLECTORS.defaults() == DEFAULT_COLLECTORS
 
 

@@ -143,10 +143,11 @@ class ThreadCpuClock:
 
 def test_sampler_cpu_counts_its_polls_and_the_collectors_runs() -> None:
     exporter, _ = build(FakeClock(), collectors=list(DEFAULT_COLLECTORS), cpu_clock=ThreadCpuClock())
-    exporter.sample_now()  # a poll (1 stretch) and a pass: 8 collectors on their threads (8)
+    assert len(DEFAULT_COLLECTORS) == 9
+    exporter.sample_now()  # a poll (1 stretch) and a pass: 9 collectors on their threads (9)
     exporter.sampler.tick()  # a poll, no pass due (1)
     got = Scraped(exporter.registry)
-    assert got.get("loadlens_gpu_sampler_cpu_seconds_total") == pytest.approx(0.010)
+    assert got.get("loadlens_gpu_sampler_cpu_seconds_total") == pytest.approx(0.011)
 
 
 def test_a_failing_read_on_the_sampler_fails_only_its_collector() -> None:

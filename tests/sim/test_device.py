@@ -137,10 +137,17 @@ def test_document_validates_and_sums_memory_by_owner() -> None:
     dev.configure_memory(weights=5 << 30, kv_cache=20 << 30, activation_peak=2 << 30, weight_segments=34,
                          kv_segments=32)  # fmt: skip
     dev.set_activations(1 << 30)
-    dev.record_busy(100.0, 100.05, memory_fraction=0.5, intensity=0.8)
+    dev.record_busy(100.0, 100.05, memory_fraction=0.5, intensity=0.8, tensor_fraction=0.25)
     clock.t = 100.1
     doc = DeviceState.model_validate(device_state([dev], 0, realtime=lambda: 2_000.0))
-    assert doc.version == 1 and doc.timestamp_us == 2_000_000_000
+    assert doc.version == 2 and doc.timestamp_us == 2_000_000_000
+    gpm = doc.devices[0].gpm
+    assert gpm is not None
+    # 50 ms of kernels in 5 periods of 10 ms: sums of those periods (rounding of the sums only).
+    assert (gpm.sm_active_seconds, gpm.graphics_active_seconds) == (pytest.approx(0.05, rel=1e-12),) * 2
+    assert gpm.dram_active_seconds == pytest.approx(0.025, rel=1e-12)
+    assert gpm.tensor_active_seconds == pytest.approx(0.0125, rel=1e-12)
+    assert (gpm.fp16_active_seconds, gpm.fp32_active_seconds, gpm.pcie_tx_bytes, gpm.pcie_rx_bytes) == (None,) * 4
     d = doc.devices[0]
     assert d.memory_used_bytes == sum(d.memory_by_owner.model_dump().values())
     assert d.allocator.reserved_bytes == d.allocator.allocated_bytes + d.allocator.total_free_bytes

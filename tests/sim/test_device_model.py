@@ -79,3 +79,9 @@ def test_a_step_is_busy_from_its_kernel_start_with_its_memory_share(
     assert [s["gpu_percent"] for s in dev["util_samples"]] == [80.0]
     assert dev["util_memory_percent"] == pytest.approx(mem_util, abs=1e-3)
     assert dev["memory_by_owner"]["activations"] == roofline.activation_bytes(LLAMA, 4, 4)
+    # GPM counters: 8 ms of kernels; the tensor pipes busy for the compute share, DRAM for the memory share.
+    gpm = dev["gpm"]
+    busy = 0.008
+    assert gpm["sm_active_seconds"] == pytest.approx(busy, rel=1e-9)
+    assert gpm["tensor_active_seconds"] == pytest.approx(busy * compute / max(compute, memory), rel=1e-9)
+    assert gpm["dram_active_seconds"] == pytest.approx(busy * memory / max(compute, memory), rel=1e-9)

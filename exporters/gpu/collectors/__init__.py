@@ -19,6 +19,7 @@ from exporters.gpu.collectors import (  # noqa: F401  (imported to register)
     allocator,
     pcie,
     dcgm,
+    gpm,
     probe,
 )
 

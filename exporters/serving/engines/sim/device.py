@@ -13,6 +13,11 @@ power, energy, temperature and clocks, published as the :class:`DeviceState` doc
   memory-bound steps to 1.0 for compute-bound ones. Demand above the limit is capped and lowers the SM clock
   (``sw_power_cap``). Temperature follows power with a first-order lag; above the slowdown threshold the clock
   drops 15 % (``sw_thermal_slowdown``). Neither clock reduction feeds back into step times (documented gap).
+- GPM profiling counters (document version 2), cumulative per finalised period: graphics and SM activity
+  count the kernel time (every SM is taken to hold a warp while a kernel runs), tensor-pipe activity its
+  compute share (the step's roofline compute time over its busy time), DRAM activity its memory share, and
+  SM occupancy the kernel time times a fixed :data:`SM_OCCUPANCY_WHILE_BUSY`. FP16/FP32 non-tensor pipes and
+  PCIe bytes are not modelled: the document leaves them out, so they read as not supported.
 - Time: samples are computed lazily when the document is read or a step is recorded, from intervals on the
   monotonic clock; timestamps are CLOCK_REALTIME microseconds at the end of each period. The ring holds 60 s.
 """
@@ -37,6 +42,7 @@ from loadlens.contracts.device_state import (
     AllocatorState,
     DeviceProcess,
     DeviceState,
+    GpmCounters,
     MemoryByOwner,
     SimDevice,
     UtilSample,
@@ -50,6 +56,8 @@ POWER_SMOOTHING_SECONDS = 0.25
 """NVML's power reading is a short moving average, not the instantaneous draw."""
 MEMORY_BOUND_INTENSITY = 0.55
 THERMAL_SLOWDOWN_CLOCK = 0.85
+SM_OCCUPANCY_WHILE_BUSY = 0.25
+"""Resident warps over the maximum while a kernel runs (an assumption: the H200 read 14 % in a bf16 matmul)."""
 DRIVER_VERSION = "550.54.15"
 CUDA_DRIVER_VERSION = 12040
 
@@ -90,6 +98,10 @@ class SimulatedGPU:
         self._busy: dict[int, float] = {}
         self._mem_busy: dict[int, float] = {}
         self._heat: dict[int, float] = {}
+        self._tensor: dict[int, float] = {}
+        self._gpm_busy = 0.0  # cumulative seconds over finalised periods: kernels, tensor pipes, DRAM
+        self._gpm_tensor = 0.0
+        self._gpm_dram = 0.0
         self._samples: deque[tuple[int, float]] = deque(maxlen=ring)
         self._util = 0.0
         self._mem_util = 0.0
@@ -175,9 +187,11 @@ class SimulatedGPU:
 
     # --- activity ------------------------------------------------------------------------------------------
 
-    def record_busy(self, start: float, end: float, *, memory_fraction: float, intensity: float) -> None:
-        """Kernels ran from ``start`` to ``end``; ``memory_fraction`` of that time the memory system was busy
-        and ``intensity`` (0-1) scales the dynamic power."""
+    def record_busy(
+        self, start: float, end: float, *, memory_fraction: float, intensity: float, tensor_fraction: float = 0.0
+    ) -> None:
+        """Kernels ran from ``start`` to ``end``; ``memory_fraction`` of that time the memory system was busy,
+        ``tensor_fraction`` of it the tensor pipes, and ``intensity`` (0-1) scales the dynamic power."""
         if end <= start:
             return
         # Later intervals never start before this one, so every period ending by ``start`` is final.
@@ -193,6 +207,7 @@ class SimulatedGPU:
                 self._busy[k] = self._busy.get(k, 0.0) + dt
                 self._mem_busy[k] = self._mem_busy.get(k, 0.0) + dt * memory_fraction
                 self._heat[k] = self._heat.get(k, 0.0) + dt * intensity
+                self._tensor[k] = self._tensor.get(k, 0.0) + dt * tensor_fraction
 
     def _advance(self, now: float) -> None:
         """Finalise every sample period that has ended by ``now``."""
@@ -213,6 +228,9 @@ class SimulatedGPU:
             busy = min(self._busy.pop(k, 0.0), p)
             mem = min(self._mem_busy.pop(k, 0.0), p)
             heat = min(self._heat.pop(k, 0.0), p)
+            self._gpm_busy += busy
+            self._gpm_tensor += min(self._tensor.pop(k, 0.0), p)
+            self._gpm_dram += mem
             self._util = busy / p
             self._mem_util = mem / p
             self._demand = g.power_idle_watts + (g.power_full_load_watts - g.power_idle_watts) * heat / p
@@ -320,6 +338,18 @@ class SimulatedGPU:
             max_sm_clock_hz=g.max_sm_clock_hz,
             clock_event_reasons=list(self._reasons),
             processes=[DeviceProcess(pid=os.getpid(), name=_process_name(), used_bytes=used)],
+            gpm=self.gpm_counters(),
+        )
+
+    def gpm_counters(self) -> GpmCounters:
+        """The cumulative GPM counters up to the last finalised sample period."""
+        return GpmCounters(
+            time_seconds=self._next * self._period,
+            graphics_active_seconds=self._gpm_busy,
+            sm_active_seconds=self._gpm_busy,
+            sm_occupancy_seconds=self._gpm_busy * SM_OCCUPANCY_WHILE_BUSY,
+            tensor_active_seconds=self._gpm_tensor,
+            dram_active_seconds=self._gpm_dram,
         )
 
 

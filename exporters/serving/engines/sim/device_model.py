@@ -65,6 +65,7 @@ class DeviceModel:
             end,
             memory_fraction=min(1.0, cost.memory_seconds / cost.busy_seconds) if cost.busy_seconds else 0.0,
             intensity=roofline_intensity(cost.compute_seconds, slowest),
+            tensor_fraction=min(1.0, cost.compute_seconds / cost.busy_seconds) if cost.busy_seconds else 0.0,
         )
         self.device.set_activations(roofline.activation_bytes(self.model, shape.num_tokens, shape.num_seqs))
 
