@@ -35,6 +35,11 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
+PASS_WAIT_S = 2.0
+"""How long a pass waits for one under way (and an untimed pass for the runs a timed one left going) before it
+goes on without them: long enough for any pass that is not held up by a hanging read."""
+
+
 class SamplerHealth(Protocol):
     """What :class:`GpuExporterCollector` needs from the sampler (a protocol to avoid an import cycle)."""
 
@@ -114,6 +119,8 @@ class GpuExporterCollector(Collector):
         self._latest: dict[str, tuple[CollectorRun, float]] = {}  # collector -> latest finished run, taken_at
         self._in_flight: set[str] = set()
         self._publish_lock = threading.Lock()
+        self._running: dict[str, threading.Thread] = {}
+        self._pass_lock = threading.Lock()
         self._bucket_bounds = COLLECTOR_DURATION_SECONDS
         self._bucket_counts = [0] * (len(COLLECTOR_DURATION_SECONDS) + 1)
         self._scrape_sum = 0.0
@@ -144,17 +151,36 @@ class GpuExporterCollector(Collector):
         then publishes the latest finished run of every collector: a collector still running keeps its
         previous reading, and its age grows. ``collect_on_scrape`` runs them inline instead (the old path).
         """
+        # A pass asked for after a change (sample_now after a probe write) must not publish what a pass already
+        # under way read before it: wait for that pass, and for runs an earlier timed pass left going, but only so
+        # long (PASS_WAIT_S): a pass held up by a hanging read must not hold up the next one.
+        serial = self._pass_lock.acquire(timeout=PASS_WAIT_S)
+        try:
+            self._pass(timeout, wait_earlier=serial and timeout is None)
+        finally:
+            if serial:
+                self._pass_lock.release()
+
+    def _pass(self, timeout: float | None, *, wait_earlier: bool) -> None:
         if self.collect_on_scrape:
             for c in self._collectors:
                 self._work(c, count_cpu=False)
         else:
+            if wait_earlier:
+                with self._state_lock:
+                    earlier = list(self._running.values())
+                until = time.monotonic() + PASS_WAIT_S
+                for t in earlier:
+                    t.join(max(0.0, until - time.monotonic()))
             threads = []
             with self._state_lock:
                 for c in self._collectors:
                     if c.name in self._in_flight:
                         continue  # its earlier run has not returned (an NVML call that hangs)
                     self._in_flight.add(c.name)
-                    threads.append(threading.Thread(target=self._work, args=(c,), name=f"gpu-{c.name}", daemon=True))
+                    t = threading.Thread(target=self._work, args=(c,), name=f"gpu-{c.name}", daemon=True)
+                    self._running[c.name] = t
+                    threads.append(t)
             for t in threads:
                 t.start()
             end = None if timeout is None else time.monotonic() + timeout
@@ -174,6 +200,7 @@ class GpuExporterCollector(Collector):
         finally:
             with self._state_lock:
                 self._in_flight.discard(collector.name)
+                self._running.pop(collector.name, None)
 
     def _publish(self) -> None:
         with self._publish_lock:
