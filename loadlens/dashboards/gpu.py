@@ -36,20 +36,6 @@ def dashboard(slos: SLOConfig) -> Dashboard:
                 max=1,
             ),
             Panel(
-                "MFU / MBU (estimated)",
-                "percentunit",
-                (
-                    Target(f"{flops} / avg(loadlens_gpu_peak_flops_per_second{{{GPU}}})", "MFU"),
-                    Target(f"{moved} / avg(loadlens_gpu_peak_memory_bytes_per_second{{{GPU}}})", "MBU"),
-                ),
-                "Model FLOPs and memory-bandwidth utilisation: the serving engines' estimated FLOPs and HBM bytes "
-                "per GPU per second (vLLM's --enable-mfu-metrics counters; the sim's roofline) over the GPUs' "
-                "datasheet peaks (their packaged GPU profile). Engine mean over GPU mean: assumes the selected GPUs "
-                "are one model and all serve. Compare with utilisation: a busy GPU far below its peak is "
-                "latency- or launch-bound.",
-                min=0,
-            ),
-            Panel(
                 "Utilisation swing (p95 − p5)",
                 "percentunit",
                 (
@@ -84,6 +70,20 @@ def dashboard(slos: SLOConfig) -> Dashboard:
                 "show how much of the GPU the kernels fill.",
                 min=0,
                 max=1,
+            ),
+            Panel(
+                "MFU / MBU (estimated)",
+                "percentunit",
+                (
+                    Target(f"{flops} / avg(loadlens_gpu_peak_flops_per_second{{{GPU}}})", "MFU"),
+                    Target(f"{moved} / avg(loadlens_gpu_peak_memory_bytes_per_second{{{GPU}}})", "MBU"),
+                ),
+                "Model FLOPs and memory-bandwidth utilisation: the serving engines' estimated FLOPs and HBM bytes "
+                "per GPU per second (vLLM's --enable-mfu-metrics counters; the sim's roofline) over the GPUs' "
+                "datasheet peaks (their packaged GPU profile). Engine mean over GPU mean: assumes the selected GPUs "
+                "are one model and all serve. Compare with utilisation and GPM's tensor and DRAM activity: a busy GPU "
+                "far below its peak is latency- or launch-bound.",
+                min=0,
             ),
         ),
     )
