@@ -101,6 +101,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="engine knob NAME=VALUE at start, repeatable (env: comma-separated), e.g. scheduling_policy=priority",
     )
+    env_arg(
+        p,
+        "--enable-mfu-metrics",
+        action="store_true",
+        default=False,
+        help="sim: export vLLM's MFU counters vllm:estimated_{flops,read_bytes,write_bytes}_per_gpu_total (vLLM's "
+        "flag of the same name; absent without it)",
+    )
     env_arg(p, "--host", default="127.0.0.1", help="address to bind")
     env_arg(p, "--port", type=port_number, default=DEFAULT_PORT, help="TCP port")
     env_arg(p, "--admin-token", default=None, help="bearer token required by admin and LoRA endpoints (prefer the env)")
@@ -136,6 +144,8 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
             raise UsageError("--engine openai needs --upstream URL (or LOADLENS_UPSTREAM)")
         if _knob_overrides(args):
             raise UsageError("--knob applies to the sim engine only; configure the upstream server itself")
+        if args.enable_mfu_metrics:
+            raise UsageError("--enable-mfu-metrics applies to the sim engine only; pass it to the upstream vLLM")
         try:
             engine = OpenAIProxyEngine(
                 args.upstream,
@@ -179,6 +189,7 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
             seed=args.seed,
             jitter=args.jitter,
             knobs=_knob_overrides(args),
+            enable_mfu_metrics=args.enable_mfu_metrics,
         )
     except (EngineError, ValueError) as err:
         raise UsageError(str(err)) from err

@@ -5,7 +5,7 @@ The ratio thresholds come from the SLO file's ``gpu`` section, baked in at gener
 
 from __future__ import annotations
 
-from loadlens.contracts.ports import GPU_JOB, job_selector
+from loadlens.contracts.ports import GPU_JOB, SERVE_JOB, job_selector
 from loadlens.contracts.slo import SLOConfig
 from loadlens.dashboards.common import GPU, alerts_annotation, stage_annotation, variables
 from loadlens.dashboards.model import Dashboard, Panel, Row, Target, Threshold, increase, rate
@@ -13,6 +13,12 @@ from loadlens.dashboards.model import Dashboard, Panel, Row, Target, Threshold, 
 
 def dashboard(slos: SLOConfig) -> Dashboard:
     g = slos.gpu
+    serve = job_selector(SERVE_JOB)
+    flops = f"avg({rate('vllm:estimated_flops_per_gpu_total', serve)})"
+    moved = (
+        f"avg({rate('vllm:estimated_read_bytes_per_gpu_total', serve)}"
+        f" + {rate('vllm:estimated_write_bytes_per_gpu_total', serve)})"
+    )
     util = Row(
         "Utilisation",
         (
@@ -64,6 +70,20 @@ def dashboard(slos: SLOConfig) -> Dashboard:
                 "show how much of the GPU the kernels fill.",
                 min=0,
                 max=1,
+            ),
+            Panel(
+                "MFU / MBU (estimated)",
+                "percentunit",
+                (
+                    Target(f"{flops} / avg(loadlens_gpu_peak_flops_per_second{{{GPU}}})", "MFU"),
+                    Target(f"{moved} / avg(loadlens_gpu_peak_memory_bytes_per_second{{{GPU}}})", "MBU"),
+                ),
+                "Model FLOPs and memory-bandwidth utilisation: the serving engines' estimated FLOPs and HBM bytes "
+                "per GPU per second (vLLM's --enable-mfu-metrics counters; the sim's roofline) over the GPUs' "
+                "datasheet peaks (their packaged GPU profile). Engine mean over GPU mean: assumes the selected GPUs "
+                "are one model and all serve. Compare with utilisation and GPM's tensor and DRAM activity: a busy GPU "
+                "far below its peak is latency- or launch-bound.",
+                min=0,
             ),
         ),
     )

@@ -82,13 +82,14 @@ QUESTIONS: tuple[Question, ...] = (
     Question(
         "gpu",
         "Was the GPU the bottleneck?",
-        "Utilisation and its swing, SM and tensor activity, power, temperature, clocks and what held them down, XID "
-        "errors.",
+        "Utilisation and its swing, SM and tensor activity, estimated MFU and MBU, power, temperature, clocks and "
+        "what held them down, XID errors.",
         (
             "GPU utilisation",
             "Utilisation swing (p95 − p5)",
             "Utilisation swing period",
             "SM and tensor activity (GPM)",
+            "MFU / MBU (estimated)",
             "Power",
             "Temperature",
             "Clocks",

@@ -121,7 +121,7 @@ class Stack:
         serve = [
             py, "-m", "loadlens.cli", "serve", "--engine", "sim", "--host", "127.0.0.1",
             "--port", str(o.serve_port), "--model-profile", o.model_profile, "--gpu-profile", o.gpu_profile,
-            "--speed", str(o.speed),
+            "--speed", str(o.speed), "--enable-mfu-metrics",
         ]  # fmt: skip
         for knob in o.knobs:
             serve += ["--knob", knob]

@@ -208,8 +208,13 @@ def test_vllm_and_production_stack_dashboards_against_the_sim(tmp_path: Path) ->
     registry = CollectorRegistry()
     # A small KV cache (160 blocks; one 2048-token sequence needs 128) so prefix-cached blocks are evicted
     # within seconds and the KV-block residency panels have data.
+    # vLLM's MFU counters on (its --enable-mfu-metrics): vllm_instances.json charts them.
     engine = SimEngine(
-        load_model_profile(MODEL), load_gpu_profile("h100-sxm"), registry=registry, knobs={"num_gpu_blocks": 160}
+        load_model_profile(MODEL),
+        load_gpu_profile("h100-sxm"),
+        registry=registry,
+        knobs={"num_gpu_blocks": 160},
+        enable_mfu_metrics=True,
     )
     app = create_app(engine, ServeSettings(), registry=registry, tracing=Tracing.disabled())
     with serve_app(app) as url:

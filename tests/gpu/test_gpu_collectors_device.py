@@ -64,3 +64,19 @@ def test_nvml_missing_fails_the_collector(make_rig: MakeRig, registry: Collector
     got = Scraped(registry)
     assert got.series("loadlens_gpu_info") == {}
     assert got.get("loadlens_gpu_collector_success", {"collector": "device"}) == 0
+
+
+def test_datasheet_peaks_come_from_the_packaged_profile(rig: SimRig, registry: CollectorRegistry) -> None:
+    """The MFU and MBU denominators: the h100-sxm profile's figures for the device NVML names (the profile's
+    marketing_name); a device no packaged profile names gets none (absent, not 0)."""
+    from exporters.gpu.collectors.device import _profile
+    from loadlens.contracts.gpu_profile import load_gpu_profile
+
+    DeviceCollector(rig.session, registry=registry)
+    got = Scraped(registry)
+    h100 = load_gpu_profile("h100-sxm")
+    for i in (0, 1):
+        labels = {"gpu": str(i), "uuid": uuid(i), "model": MODEL}
+        assert got.get("loadlens_gpu_peak_flops_per_second", labels) == h100.peak_tensor_flops == 989.5e12
+        assert got.get("loadlens_gpu_peak_memory_bytes_per_second", labels) == h100.hbm_bytes_per_s == 3.35e12
+    assert _profile("NVIDIA No Such GPU") is None

@@ -30,6 +30,10 @@ ADDED_SINCE_CAPTURE = {
     "loadlens_gpu_sample_age_seconds",
     "loadlens_gpu_sampler_cpu_seconds",
     "loadlens_gpu_collect_interval_seconds",
+    # The datasheet peaks MFU/MBU divide by (issue 24 item 5): the device collector, the same on both backends,
+    # from the packaged profile of the device's NVML name (the H200 has one).
+    "loadlens_gpu_peak_flops_per_second",
+    "loadlens_gpu_peak_memory_bytes_per_second",
 }
 # NVML reports these on a data-centre GPU; the 2-GPU sim fixture leaves them unsupported (their absence there
 # is itself tested in the fault-injection tests).

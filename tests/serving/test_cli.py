@@ -78,6 +78,11 @@ def test_knobs_from_the_environment_and_flags(
         (["serve", "--engine", "openai", "--upstream", "ftp://x"], {}, "upstream must be an http(s) URL"),
         (["serve", "--port", "99999"], {}, "port out of range"),
         (["serve", "--speed", "0"], {}, "must be a positive finite number"),
+        (
+            ["serve", "--engine", "openai", "--upstream", "http://x:1", "--enable-mfu-metrics"],
+            {},
+            "--enable-mfu-metrics applies to the sim engine only",
+        ),
         (["serve"], {"LOADLENS_PORT": "http"}, "LOADLENS_PORT='http'"),
         (["serve"], {"LOADLENS_ENGINE": "magic"}, "LOADLENS_ENGINE='magic'"),
         (["serve", "--lora-root", "/nonexistent/dir"], {}, "is not a directory"),

@@ -76,8 +76,10 @@ VLLM_DASHBOARD = {
 @pytest.fixture(scope="module")
 def sim_server() -> Iterator[str]:
     port = free_port()
+    # With vLLM's opt-in MFU counters on, as a vLLM started with --enable-mfu-metrics (its example dashboards
+    # chart them).
     cmd = [sys.executable, "-m", "loadlens.cli", "serve", "--engine", "sim", "--model-profile", MODEL,
-           "--port", str(port), "--log-level", "warning"]  # fmt: skip
+           "--port", str(port), "--enable-mfu-metrics", "--log-level", "warning"]  # fmt: skip
     with http_child(cmd, port) as url:
         yield url
 
@@ -142,6 +144,7 @@ DEFAULT_SERIES_ADDED = [
     'vllm:prompt_tokens_cached_total{engine="0",model_name="tiny"}',
     'vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="tiny",source="device"}',
     'vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="awake"}',
+    # opt-in in vLLM (--enable-mfu-metrics, which sim_server passes)
     'vllm:estimated_flops_per_gpu_total{engine="0",model_name="tiny"}',
     'vllm:estimated_read_bytes_per_gpu_total{engine="0",model_name="tiny"}',
     'vllm:estimated_write_bytes_per_gpu_total{engine="0",model_name="tiny"}',

@@ -75,6 +75,7 @@ def make_engine(
     speed: float = 50.0,
     seed: int = 0,
     jitter: float = 0.0,
+    enable_mfu_metrics: bool = False,
     **knobs: Any,
 ) -> tuple[SimEngine, CollectorRegistry]:
     """On a virtual-time loop (tests/sim/virtual_time.py) the engine runs on that loop's clock and timers."""
@@ -89,6 +90,7 @@ def make_engine(
         seed=seed,
         jitter=jitter,
         knobs=knobs,
+        enable_mfu_metrics=enable_mfu_metrics,
         **virtual,
     )
     return engine, reg

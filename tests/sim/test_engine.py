@@ -101,7 +101,7 @@ def test_scripted_scenario_exact_metrics() -> None:
     speed = 50.0
 
     async def body() -> None:
-        engine, reg = make_engine(speed=speed, batching_window_us=WINDOW_US)
+        engine, reg = make_engine(speed=speed, batching_window_us=WINDOW_US, enable_mfu_metrics=True)
         await engine.start()
         reqs = [request("a", prompt_of(40, 1), max_tokens=3), request("b", prompt_of(24, 2), max_tokens=3)]
         streams = [await engine.generate(r) for r in reqs]
@@ -184,13 +184,16 @@ def test_scripted_scenario_exact_metrics() -> None:
             (step1 + step2 + step3) / speed, abs=1e-9
         )
         assert sample(reg, "loadlens_sim_batch_size_sum") == 6
-        # vLLM's MFU counters carry the roofline's work: FLOPs, and bytes split into KV written for the 68
-        # computed tokens and everything else read.
+        # vLLM's MFU counters (--enable-mfu-metrics) carry the roofline's work exactly, step by step: FLOPs, and
+        # bytes split into the KV written for the tokens each step computes (64, 2, 2) and everything else read.
         kv = roofline.kv_bytes_per_token(model)
-        assert sample(reg, "vllm:estimated_flops_per_gpu_total", **lab) == pytest.approx(sum(c.flops for c in costs))
-        assert sample(reg, "vllm:estimated_write_bytes_per_gpu_total", **lab) == kv * (64 + 2 + 2)
-        assert sample(reg, "vllm:estimated_read_bytes_per_gpu_total", **lab) == pytest.approx(
-            sum(c.bytes_moved for c in costs) - kv * (64 + 2 + 2)
+        written = [kv * 64, kv * 2, kv * 2]
+        assert sample(reg, "vllm:estimated_flops_per_gpu_total", **lab) == 0.0 + costs[0].flops + costs[1].flops + (
+            costs[2].flops
+        )
+        assert sample(reg, "vllm:estimated_write_bytes_per_gpu_total", **lab) == 0.0 + sum(written)
+        assert sample(reg, "vllm:estimated_read_bytes_per_gpu_total", **lab) == sum(
+            (c.bytes_moved - w for c, w in zip(costs, written, strict=True)), 0.0
         )
         assert sample(reg, "loadlens_sim_timing_error_seconds_count") == 3
         assert sample(reg, "vllm:num_requests_running", **lab) == 0

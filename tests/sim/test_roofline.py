@@ -134,3 +134,18 @@ def test_stall_and_overhead_are_not_busy_time() -> None:
     cost = rl.step_cost(TINY, H100, decode_shape(4, 10), stall_seconds=0.05)
     assert cost.total_seconds == pytest.approx(0.05 + cost.overhead_seconds + cost.busy_seconds)
     assert cost.busy_seconds == max(cost.compute_seconds, cost.memory_seconds)
+
+
+def test_mfu_counts_by_hand_for_one_tiny_decode() -> None:
+    """The FLOPs and bytes behind vllm:estimated_*_per_gpu_total, worked by hand for the tiny profile (4 layers,
+    hidden 256, 4 heads and 2 KV heads of 64, MLP 768, vocabulary 32,000): one sequence decoding its 11th
+    token. Linear parameters per layer: q 256·256 + k 256·128 + v 256·128 + o 256·256 + gate, up, down
+    3 · 256·768 = 786,432; 4 layers = 3,145,728."""
+    cost = rl.step_cost(TINY, H100, BatchShape(num_tokens=1, num_seqs=1, num_sampled=1, attn_pairs=11,
+                                               kv_read_tokens=10))  # fmt: skip
+    # 2·3,145,728 (decoder) + 2·32,000·256 (LM head) + 4·4 layers·4 heads·64·11 causal pairs
+    assert cost.flops == 6_291_456 + 16_384_000 + 45_056 == 22_720_512
+    # weights: 3,145,728·2 + 32,000·256·2 bytes; KV: 2 (K, V)·4 layers·2 heads·64·2 bytes = 2,048 per token,
+    # for the 10 cached tokens read and the new one written
+    assert rl.kv_bytes_per_token(TINY) == 2_048
+    assert cost.bytes_moved == 6_291_456 + 16_384_000 + 2_048 * 11 == 22_697_984

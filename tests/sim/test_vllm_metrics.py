@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.serving.engine import FinishReason
+from exporters.serving.engines.sim import SimEngine
 from exporters.serving.engines.sim.stats import (
     AdapterRead,
     BlockEviction,
@@ -34,9 +38,12 @@ LAB = {"model_name": "m", "engine": "0"}
 CACHE = {"block_size": "16", "num_gpu_blocks": "100"}
 
 
-def make() -> tuple[VllmMetrics, CollectorRegistry]:
+def make(*, enable_mfu_metrics: bool = False) -> tuple[VllmMetrics, CollectorRegistry]:
     reg = CollectorRegistry()
-    return VllmMetrics(reg, model_name="m", max_model_len=2048, cache_info=CACHE, max_loras=2), reg
+    metrics = VllmMetrics(
+        reg, model_name="m", max_model_len=2048, cache_info=CACHE, max_loras=2, enable_mfu_metrics=enable_mfu_metrics
+    )
+    return metrics, reg
 
 
 def bounds(reg: CollectorRegistry, name: str) -> list[str]:
@@ -257,7 +264,7 @@ def test_rejections_preemptions_and_wakeups() -> None:
 
 
 def test_prompt_sources_and_mfu_estimates() -> None:
-    m, reg = make()
+    m, reg = make(enable_mfu_metrics=True)
     m.record_iteration(IterationStats(num_generation_tokens=2, num_prompt_tokens=100, num_cached_prompt_tokens=64))
     m.record_iteration(IterationStats(num_generation_tokens=1, num_prompt_tokens=10))
     assert value(reg, "vllm:prompt_tokens_total", **LAB) == 110
@@ -272,6 +279,15 @@ def test_prompt_sources_and_mfu_estimates() -> None:
     assert value(reg, "vllm:estimated_flops_per_gpu_total", **LAB) == 4e12
     assert value(reg, "vllm:estimated_read_bytes_per_gpu_total", **LAB) == 3e9
     assert value(reg, "vllm:estimated_write_bytes_per_gpu_total", **LAB) == 2e6
+
+
+def test_mfu_counters_are_absent_without_enable_mfu_metrics() -> None:
+    """vLLM registers them only with --enable-mfu-metrics: absent, not 0, and steps still record."""
+    m, reg = make()
+    m.record_step(StepStats(0.01, 4, flops=3e12, read_bytes=2e9, write_bytes=1e6))
+    names = {metric.name for metric in reg.collect()}
+    assert not {n for n in names if n.startswith("vllm:estimated_")}
+    assert "vllm:prompt_tokens" in names
 
 
 def test_kv_block_residency_histograms_use_vllms_buckets() -> None:
@@ -333,3 +349,24 @@ def test_events_feed_their_series() -> None:
     assert value(reg, "vllm:cache_config_info", block_size="16", engine="0", num_gpu_blocks="50") == 1
     assert reg.get_sample_value("vllm:cache_config_info", {"block_size": "16", "engine": "0",
                                                            "num_gpu_blocks": "100"}) is None  # fmt: skip
+
+
+def test_mfu_counters_match_vllms_names_types_labels_and_gate() -> None:
+    """Against what vLLM's own source registers (tests/fixtures/vllm_mfu_metrics.json, read in vLLM 0.32.0):
+    the same names, counter type and labels, behind the same flag with the same default (off)."""
+    fixture = json.loads((Path(__file__).parents[1] / "fixtures" / "vllm_mfu_metrics.json").read_text())
+    assert fixture["vllm_version"] == "0.32.0" and fixture["flag"] == "--enable-mfu-metrics"
+    default = inspect.signature(SimEngine).parameters["enable_mfu_metrics"].default
+    assert default is fixture["flag_default"] is False
+    m, reg = make(enable_mfu_metrics=True)
+    m.record_step(StepStats(0.01, 4, flops=3e12, read_bytes=2e9, write_bytes=1e6))
+    families = {metric.name: metric for metric in reg.collect()}
+    for want in fixture["metrics"]:
+        family = families[want["name"].removesuffix("_total")]
+        assert family.type == want["type"]
+        assert [(s.name, sorted(s.labels)) for s in family.samples if not s.name.endswith("_created")] == [
+            (want["name"], sorted(want["labelnames"]))
+        ]
+    assert sorted(n for n in families if n.startswith("vllm:estimated_")) == sorted(
+        w["name"].removesuffix("_total") for w in fixture["metrics"]
+    )

@@ -38,7 +38,7 @@ def live_sim_run(tmp: Path) -> Iterator[LiveRun]:
     require_prometheus()
     serve_port, gpu_port, load_port = free_port(), free_port(), free_port()
     serve = [*CMD, "serve", "--engine", "sim", "--model-profile", MODEL, "--port", str(serve_port),
-             "--log-level", "warning"]  # fmt: skip
+             "--enable-mfu-metrics", "--log-level", "warning"]  # fmt: skip
     with http_child(serve, serve_port) as serve_url:
         gpu = [*CMD, "gpu-exporter", "--backend", "sim", "--sim-url", f"{serve_url}/sim/device-state",
                "--port", str(gpu_port), "--log-level", "warning"]  # fmt: skip

@@ -97,11 +97,14 @@ class SimEngine(Engine):
         jitter: float = 0.0,
         knobs: Mapping[str, Any] | None = None,
         stat_loggers: Sequence[stats.StatLogger] = (),
+        enable_mfu_metrics: bool = False,
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[asyncio.AbstractEventLoop], Timer] = DeadlineTimer,
     ) -> None:
         """``stat_loggers`` get every record too, after the Prometheus logger on ``registry``. ``clock`` and
-        ``timer`` (which wakes the loop at ``clock`` instants) are a test seam: a virtual-time loop's."""
+        ``timer`` (which wakes the loop at ``clock`` instants) are a test seam: a virtual-time loop's.
+        ``enable_mfu_metrics`` registers vLLM's ``vllm:estimated_*_per_gpu_total`` counters (its
+        ``--enable-mfu-metrics``)."""
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"speed must be a positive finite number, got {speed}")
         if not (math.isfinite(jitter) and jitter >= 0):
@@ -121,7 +124,8 @@ class SimEngine(Engine):
         )
         cache_info = cache_config_info(k, self._state.override)
         prometheus = VllmMetrics(registry, model_name=self.served_model_name, max_model_len=k.max_model_len,
-                                 cache_info=cache_info, max_loras=k.max_loras)  # fmt: skip
+                                 cache_info=cache_info, max_loras=k.max_loras,
+                                 enable_mfu_metrics=enable_mfu_metrics)  # fmt: skip
         self._stats: stats.StatLogger = stats.StatLoggers([prometheus, *stat_loggers]) if stat_loggers else prometheus
         self._sched.pool.clock = clock
         self._sched.pool.on_evict = lambda life, idle, gaps: self._stats.record_event(
