@@ -12,10 +12,10 @@ Prompt tokens by source: ``local_compute`` + ``local_cache_hit`` (+ ``external_k
 connector) = ``prompt_tokens``; ``prompt_tokens_cached`` = the cache hits, all from the GPU prefix cache
 (``prompt_tokens_cached_by_source{source="device"}``). ``external_prefix_cache_*`` and ``mm_cache_*`` exist
 and stay 0, as on a vLLM without a KV connector serving a text-only model. The MFU counters
-(``estimated_*_per_gpu``) are registered only with ``enable_mfu_metrics`` (vLLM's ``--enable-mfu-metrics``;
-absent otherwise, as in vLLM) and count the roofline's own FLOPs and bytes per step. The KV-block residency
-histograms (``kv_block_*``, opt-in in vLLM with ``--kv-cache-metrics``, sampling 1 % of blocks) are always on
-and sample every prefix-cached block (see :mod:`.block_pool`).
+(``estimated_*_per_gpu``) exist always and count only with ``enable_mfu_metrics`` (vLLM's
+``--enable-mfu-metrics``; 0 otherwise, as in vLLM 0.32), the roofline's own FLOPs and bytes per step. The
+KV-block residency histograms (``kv_block_*``, opt-in in vLLM with ``--kv-cache-metrics``, sampling 1 % of
+blocks) are always on and sample every prefix-cached block (see :mod:`.block_pool`).
 
 Aborts are counted under ``request_success{finished_reason="abort"}`` (real vLLM leaves that at 0,
 vllm-project/vllm#31503) and, as in vLLM, observed in no histogram.
@@ -164,23 +164,23 @@ class VllmMetrics:
             registry=registry,
         )
         self.prompt_cached_by_source = {src: cached_by_source.labels(*values, src) for src in CACHED_SOURCES}
-        # vLLM 0.32 registers these only with --enable-mfu-metrics (PerfMetricsProm, v1/metrics/perf.py).
-        self.mfu: tuple[Counter, Counter, Counter] | None = None
-        if enable_mfu_metrics:
-            self.mfu = (
-                counter(
-                    "vllm:estimated_flops_per_gpu",
-                    "Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).",
-                ),
-                counter(
-                    "vllm:estimated_read_bytes_per_gpu",
-                    "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).",
-                ),
-                counter(
-                    "vllm:estimated_write_bytes_per_gpu",
-                    "Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).",
-                ),
-            )
+        # vLLM 0.32 registers these always (PerfMetricsProm, v1/metrics/perf.py) and counts only with
+        # --enable-mfu-metrics (the scheduler builds its perf stats only then): 0 otherwise.
+        self.enable_mfu_metrics = enable_mfu_metrics
+        self.mfu: tuple[Counter, Counter, Counter] = (
+            counter(
+                "vllm:estimated_flops_per_gpu",
+                "Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).",
+            ),
+            counter(
+                "vllm:estimated_read_bytes_per_gpu",
+                "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).",
+            ),
+            counter(
+                "vllm:estimated_write_bytes_per_gpu",
+                "Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).",
+            ),
+        )
         self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
         success = self._counter_cls(
             "vllm:request_success", "Finished requests by finish reason.", (*base, "finished_reason"), registry=registry
@@ -404,7 +404,7 @@ class VllmMetrics:
             self.prefix_hits.inc(step.prefix_hits)
         self.step_duration.observe(step.duration_seconds)
         self.batch_size.observe(step.num_seqs)
-        if self.mfu is not None:
+        if self.enable_mfu_metrics:
             flops, read, written = self.mfu
             flops.inc(step.flops)
             read.inc(step.read_bytes)
