@@ -25,6 +25,17 @@ def named_document(path: str | Path, file_name: str, is_document: Callable[[Any]
     return None
 
 
+def read_document(file: Path, error: type[Exception]) -> Any:
+    """``file``'s JSON; ``error`` (the document's own error class) with a one-line reason when it cannot be
+    read or is not valid JSON."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise error(f"cannot read {file}: {err.strerror}") from None
+    except ValueError as err:
+        raise error(f"{file}: not valid JSON: {err}") from None
+
+
 def write_page(out: Path, file_name: str, page: str) -> Path:
     """``out/file_name`` written whole or not at all (a reader never sees half a page); raises OSError."""
     out.mkdir(parents=True, exist_ok=True)

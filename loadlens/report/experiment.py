@@ -11,7 +11,6 @@ Usage::
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -28,7 +27,7 @@ from loadlens.contracts.experiment_result import (
     Table,
     parse_experiment_result,
 )
-from loadlens.report.documents import named_document
+from loadlens.report.documents import named_document, read_document
 from loadlens.report.html import _CSS, DASH, ChartSection, _alerts, _charts, _table, _utc
 from loadlens.report.queries import FiredAlert, Stage
 
@@ -321,10 +320,4 @@ def experiment_file(path: str | Path) -> Path | None:
 
 def load_experiment(file: Path) -> ExperimentResult:
     """Parse ``file``; :class:`ExperimentResultError` names the first bad key."""
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ExperimentResultError(f"cannot read {file}: {err.strerror}") from None
-    except ValueError as err:
-        raise ExperimentResultError(f"{file}: not valid JSON: {err}") from None
-    return parse_experiment_result(doc, str(file))
+    return parse_experiment_result(read_document(file, ExperimentResultError), str(file))

@@ -9,7 +9,6 @@ Usage::
 
 from __future__ import annotations
 
-import json
 from html import escape
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from loadlens.contracts.gpu_bench_result import (
     parse_gpu_bench,
     tables,
 )
-from loadlens.report.documents import named_document
+from loadlens.report.documents import named_document, read_document
 from loadlens.report.html import _CSS, _table, _utc
 
 
@@ -32,13 +31,7 @@ def gpu_bench_file(path: str | Path) -> Path | None:
 
 def load_gpu_bench(file: Path) -> GpuBenchResult:
     """Parse ``file``; :class:`GpuBenchError` names the first bad key."""
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise GpuBenchError(f"cannot read {file}: {err.strerror}") from None
-    except ValueError as err:
-        raise GpuBenchError(f"{file}: not JSON: {err}") from None
-    return parse_gpu_bench(doc)
+    return parse_gpu_bench(read_document(file, GpuBenchError))
 
 
 def render_gpu_bench_page(result: GpuBenchResult, *, source: str, generated: float | None = None) -> str:
