@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import httpx
@@ -192,6 +193,14 @@ def _server_process(*args: str, src: str | None = None) -> Iterator[tuple[str, i
             proc.wait()
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Run every thread of process ``pid`` (0: this one) on ``cpus`` only."""
+    tasks = os.listdir(f"/proc/{pid or os.getpid()}/task")
+    for tid in tasks:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process from /proc/<pid>/stat (fields 14 and 15, in clock ticks)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
@@ -214,6 +223,7 @@ def bench_proxy(
     gpu: str,
     baseline_src: str | None = None,
     floor: bool = False,
+    pinned: bool = False,
 ) -> dict[str, object]:
     """Direct against a sim server vs through ``--engine openai`` in front of the same sim, side by side:
     rounds alternate the order (direct first, then proxy first); figures are medians of the rounds. The
@@ -221,7 +231,11 @@ def bench_proxy(
     bottleneck; server CPU comes from /proc/<pid>/stat, per chunk = CPU seconds / chunks forwarded.
     ``baseline_src``: a second proxy run from another source tree (``git archive <commit> | tar -x -C DIR``)
     in front of the same sim, as a third path ``before``. ``floor``: also a path ``relay`` through
-    benchmarks/tcp_relay.py, which forwards bytes and nothing else: the floor of any proxy's CPU per chunk."""
+    benchmarks/tcp_relay.py, which forwards bytes and nothing else: the floor of any proxy's CPU per chunk.
+    ``pinned``: every path in the middle (proxy, before, relay) runs on the host's last CPU, the sim and the
+    client on the others, so they meet the same core from round to round (fewer migrations, no sharing with
+    the load they measure); each middle path is then also compared with the relay round by round (the ratio
+    of the two runs next to each other), and the median and range of those ratios printed."""
     print(
         f"\n## Proxy overhead: direct vs through --engine openai (model {model}, gpu {gpu}, real time, {seconds:g} s"
         f" runs; medians of {rounds} alternating rounds)"
@@ -249,6 +263,15 @@ def bench_proxy(
             while not http_ok(f"http://127.0.0.1:{port}/health"):
                 time.sleep(0.05)
             paths["relay"] = (f"http://127.0.0.1:{port}", relay.pid)
+        cpus = sorted(os.sched_getaffinity(0))
+        if pinned and len(cpus) >= 2:
+            middle, rest = {cpus[-1]}, set(cpus[:-1])
+            for _, pid in paths.values():
+                if pid is not None:
+                    pin(pid, middle)
+            pin(sim_pid, rest)
+            pin(0, rest)
+            print(f"(pinned: proxy paths on CPU {cpus[-1]}, sim and client on CPUs {sorted(rest)})")
         for streams in streams_list:
             runs: dict[str, list[ProxyRun]] = {name: [] for name in paths}
             for i in range(rounds):
@@ -258,7 +281,7 @@ def bench_proxy(
                     result = stream_client.run_load(url, model, streams, seconds)
                     sim1, proxy1 = cpu_seconds(sim_pid), cpu_seconds(pid) if pid else 0.0
                     runs[name].append(ProxyRun(result, sim1 - sim0, proxy1 - proxy0))
-            summary = {}
+            summary: dict[str, dict[str, Any]] = {}
             for name, group in runs.items():
                 med = statistics.median
                 row = {
@@ -290,6 +313,21 @@ def bench_proxy(
                     f" errors direct {d['errors']}, {name} {p['errors']}",
                     flush=True,
                 )
+            if "relay" in runs:
+                for name in (n for n in paths if n not in ("direct", "relay")):
+                    ratios = sorted(
+                        (p.proxy_cpu_s / max(p.result.chunks, 1)) / (r.proxy_cpu_s / max(r.result.chunks, 1))
+                        for p, r in zip(runs[name], runs["relay"], strict=True)
+                        if r.proxy_cpu_s > 0
+                    )
+                    if ratios:
+                        summary[name]["relay_ratio_by_round"] = ratios
+                        print(
+                            f"{streams:>7} {name[:2] + '/re':>6} CPU per chunk, {name} / relay by round: median"
+                            f" {statistics.median(ratios):.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x"
+                            f" ({len(ratios)} rounds)",
+                            flush=True,
+                        )
             report[str(streams)] = summary
     return report
 
@@ -361,9 +399,21 @@ def main(argv: list[str] | None = None) -> int:
         "--proxy-floor", action="store_true",
         help="proxy benchmark: also a zero-work TCP relay in front of the sim (benchmarks/tcp_relay.py)",
     )  # fmt: skip
+    parser.add_argument(
+        "--proxy-rounds", type=int, default=None, metavar="N",
+        help="proxy benchmark: alternating rounds per stream count (default 3; --quick 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pin", action="store_true",
+        help="proxy benchmark: the proxy paths on the last CPU, the sim and the client on the others",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else 10.0
     proxy_seconds, proxy_rounds = (3.0, 2) if args.quick else (15.0, 3)
+    if args.proxy_rounds is not None:
+        if args.proxy_rounds < 1:
+            parser.error("--proxy-rounds must be at least 1")
+        proxy_rounds = args.proxy_rounds
     print(f"# loadlens serving benchmarks ({os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M:%S')})")
     if args.only in (None, "capacity"):
         bench_capacity(
@@ -372,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "proxy"):
         bench_proxy(
             [16, 64], proxy_seconds, proxy_rounds, "deepseek-r1-distill-llama-8b", "h100-sxm", args.proxy_baseline,
-            args.proxy_floor,
+            args.proxy_floor, args.pin,
         )  # fmt: skip
     if args.only in (None, "instrumentation"):
         bench_instrumentation(20_000 if args.quick else 200_000)
