@@ -1,8 +1,8 @@
 """The demo's alert and page summary is the run's verdict, scoped to the run's window, for real: the local
 stack (Prometheus, Alertmanager, sim server, GPU exporter, pager) and `loadlens load` as the demo runs it.
 
-1. A breach whose TTFT alert can only fire after the load has stopped (a test SLO file: 40 s latency window,
-   ``for: 30s``; the load lasts 15 s): the verdict waits out the pending alert and its page (bounded by
+1. A breach whose TTFT alert can only fire after the load has stopped (a test SLO file: 20 s latency window,
+   ``for: 15s``; the load lasts 10 s): the verdict waits out the pending alert and its page (bounded by
    ``--alert-wait``) and counts both; ``--fail-on-slo`` exits 1.
 2. A healthy run right after, in the same stack, reading the pager's log (``pages.jsonl``) as ``make demo``
    does: the log holds the first run's pages, and its alert may still be firing, but neither is this run's.
@@ -34,7 +34,7 @@ TTFT_ALERT = "LoadlensTTFTP99High"
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    alerting = {"latency_window": "40s", "latency_for": "30s", "min_request_rate": 0.1}
+    alerting = {"latency_window": "20s", "latency_for": "15s", "min_request_rate": 0.1}
     with running_stack(tmp_path, alerting=alerting, knobs=["max_waiting=1000"]) as s:
         yield s
 
@@ -61,7 +61,7 @@ def _result(path: Path) -> BenchmarkResult:
     return parse_result(json.loads(path.read_text()), str(path))
 
 
-@pytest.mark.timeout(450)  # 146-149 s measured on the loaded 2-core box, x3
+@pytest.mark.timeout(240)  # 61 s measured on the 2-core box loaded by four other jobs, x4
 def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stack: Stack, tmp_path: Path) -> None:
     urls = _urls(stack)
     serve, prom = urls["serve"], urls["prometheus"]
@@ -74,9 +74,11 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         before = http.get(serve + "/admin/knobs").json()["knobs"]["max_num_seqs"]
         assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": 1}).status_code == 200
 
-        # 1. The breach: 12 users queue behind one sequence slot for 15 s.
-        rc, out, path = _run(urls, tmp_path, "breach", {"users": 12, "duration": 15}, urls["pager"],
-                             "--fail-on-slo", "--alert-wait", "120")  # fmt: skip
+        # 1. The breach: 12 users queue behind one sequence slot for 10 s. The TTFT alert fires 5-10 s after the
+        #    load and pages at once; a 60 s --alert-wait is past that and short of the burn-rate alerts' longer
+        #    for: (with 120 s the verdict waited for those too: 117 s of the test's 160).
+        rc, out, path = _run(urls, tmp_path, "breach", {"users": 12, "duration": 10}, urls["pager"],
+                             "--fail-on-slo", "--alert-wait", "60")  # fmt: skip
         assert rc == 1, out
         assert "verdict FAIL (--fail-on-slo): exit 1" in out
         first = _result(path).verdict
@@ -93,7 +95,7 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         assert [(p.receiver, p.severity) for p in pages] == [("pager", "critical")]
         paged = parse_time(pages[0].at)
         assert paged is not None and paged > fired
-        assert 0 < first.window.waited_seconds <= 120
+        assert 0 < first.window.waited_seconds <= 60
         assert paged - end <= first.window.waited_seconds
         assert f"verdict: {first.headline}" in out
         assert demo.verdict_headline(path) == first.headline
