@@ -93,6 +93,10 @@ class Estimate:
     write_bytes: float
 
 
+NOTHING = Estimate(0.0, 0.0, 0.0)
+"""What a step adds where the estimate is off."""
+
+
 def request_work(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> Work:
     """A request's steps as vLLM runs them unchunked: one prefill of the uncached prompt (context: the whole
     prompt), then one decode step per output token after the first (context: prompt + tokens so far); one
