@@ -133,8 +133,8 @@ def resolve(base: str) -> ModelConfig:
         if not (path / "config.json").is_file():
             raise ModelConfigError(f"{path}: no config.json in this directory")
         return from_config_file(path / "config.json")
-    if path.is_file() and path.suffix == ".json":
-        return from_config_file(path)
+    if path.suffix == ".json":
+        return from_config_file(path)  # a missing file: "cannot read config.json: No such file ..."
     try:
         return from_model_profile(load_model_profile(base))
     except ProfileError as err:

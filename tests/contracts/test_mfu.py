@@ -76,3 +76,10 @@ def test_quantised_weights_read_fewer_bytes(tmp_path: Path) -> None:
     assert shape.weight_bytes == 0.5
     # Decoder weights at half a byte; the LM head stays 16-bit (as vLLM's unembedding term).
     assert mfu.weight_read_bytes(shape) == 2 * (128 * 8 * 32 + 4 * 32 * 128 + 3 * 128 * 256) * 0.5 + 128 * 1550 * 2
+
+
+def test_a_missing_config_json_is_named_not_taken_for_a_profile(tmp_path: Path) -> None:
+    missing = tmp_path / "config.json"
+    with pytest.raises(model_config.ModelConfigError) as err:
+        model_config.resolve(str(missing))
+    assert str(err.value).startswith(f"{missing}: cannot read config.json: ")
