@@ -11,10 +11,13 @@ import gc
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporters.serving.engines.openai.upstream_kinds import KINDS as UPSTREAM_KINDS
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
+
+if TYPE_CHECKING:
+    from loadlens.contracts import mfu
 
 DEFAULT_PORT = 8000
 
@@ -141,7 +144,7 @@ def _knob_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return dict(args.knob or [])
 
 
-def _mfu_shape(args: argparse.Namespace) -> Any:
+def _mfu_shape(args: argparse.Namespace) -> mfu.Shape | None:
     """The openai engine's MFU shape (``loadlens/contracts/mfu.py``): None without --enable-mfu-metrics."""
     if not args.enable_mfu_metrics:
         if args.model_config is not None:
