@@ -11,10 +11,13 @@ import gc
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporters.serving.engines.openai.upstream_kinds import KINDS as UPSTREAM_KINDS
 from loadlens.util.cliutil import UsageError, env_arg, non_negative_int, port_number, positive_float
+
+if TYPE_CHECKING:
+    from loadlens.contracts import mfu
 
 DEFAULT_PORT = 8000
 
@@ -106,8 +109,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--enable-mfu-metrics",
         action="store_true",
         default=False,
-        help="sim: export vLLM's MFU counters vllm:estimated_{flops,read_bytes,write_bytes}_per_gpu_total (vLLM's "
-        "flag of the same name; absent without it)",
+        help="export vLLM's MFU counters vllm:estimated_{flops,read_bytes,write_bytes}_per_gpu_total (vLLM's flag "
+        "of the same name): the sim counts its steps; the openai engine estimates them from token counts and "
+        "--model-config",
+    )
+    env_arg(
+        p,
+        "--model-config",
+        default=None,
+        help="openai engine, with --enable-mfu-metrics: the upstream model's shape, a Hugging Face config.json, a "
+        "model directory holding one, or a sim model profile name or YAML",
     )
     env_arg(p, "--host", default="127.0.0.1", help="address to bind")
     env_arg(p, "--port", type=port_number, default=DEFAULT_PORT, help="TCP port")
@@ -133,6 +144,25 @@ def _knob_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return dict(args.knob or [])
 
 
+def _mfu_shape(args: argparse.Namespace) -> mfu.Shape | None:
+    """The openai engine's MFU shape (``loadlens/contracts/mfu.py``): None without --enable-mfu-metrics."""
+    if not args.enable_mfu_metrics:
+        if args.model_config is not None:
+            raise UsageError("--model-config is read only with --enable-mfu-metrics")
+        return None
+    if args.model_config is None:
+        raise UsageError(
+            "--enable-mfu-metrics with --engine openai needs --model-config (a config.json, model directory or "
+            "sim model profile): the proxy estimates the counters from the model's shape"
+        )
+    from loadlens.contracts import mfu, model_config
+
+    try:
+        return mfu.shape(model_config.resolve(args.model_config))
+    except model_config.ModelConfigError as err:
+        raise UsageError(f"--model-config {err}") from err
+
+
 def build_engine(args: argparse.Namespace, registry: Any) -> Any:
     """Construct the engine from CLI args; every user mistake raises UsageError."""
     from exporters.serving.engine import EngineError
@@ -144,8 +174,7 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
             raise UsageError("--engine openai needs --upstream URL (or LOADLENS_UPSTREAM)")
         if _knob_overrides(args):
             raise UsageError("--knob applies to the sim engine only; configure the upstream server itself")
-        if args.enable_mfu_metrics:
-            raise UsageError("--enable-mfu-metrics applies to the sim engine only; pass it to the upstream vLLM")
+        shape = _mfu_shape(args)
         try:
             engine = OpenAIProxyEngine(
                 args.upstream,
@@ -155,6 +184,7 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
                 max_connections=args.upstream_max_connections,
                 registry=registry,
                 upstream_kind=args.upstream_kind,
+                mfu_shape=shape,
             )
         except ValueError as err:
             raise UsageError(str(err)) from err
@@ -172,6 +202,8 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
         raise UsageError("--upstream-probe-dir applies to --engine openai only (the sim knows its own swaps)")
     if args.upstream_kind != "auto":
         raise UsageError("--upstream-kind applies to --engine openai only")
+    if args.model_config is not None:
+        raise UsageError("--model-config applies to --engine openai only (the sim's model is --model-profile)")
     from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile
 
     try:

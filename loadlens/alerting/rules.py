@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadlens.alerting.efficiency_rules import gpu_efficiency_alert_group
 from loadlens.alerting.rule_kit import Ctx, add_runbook_links
 from loadlens.alerting.slo_rules import burn_rate_group, serving_recording_group, slo_alert_group, slo_recording_groups
 from loadlens.alerting.system_rules import (
@@ -35,6 +36,7 @@ def build_groups(slos: SLOConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
         burn_rate_group(c),
         engine_alert_group(c),
         gpu_alert_group(c),
+        gpu_efficiency_alert_group(c),
         loadgen_alert_group(c),
         training_alert_group(c),
     ]

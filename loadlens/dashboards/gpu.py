@@ -79,10 +79,10 @@ def dashboard(slos: SLOConfig) -> Dashboard:
                     Target(f"{moved} / avg(loadlens_gpu_peak_memory_bytes_per_second{{{GPU}}})", "MBU"),
                 ),
                 "Model FLOPs and memory-bandwidth utilisation: the serving engines' estimated FLOPs and HBM bytes "
-                "per GPU per second (vLLM's --enable-mfu-metrics counters; the sim's roofline) over the GPUs' "
-                "datasheet peaks (their packaged GPU profile). Engine mean over GPU mean: assumes the selected GPUs "
-                "are one model and all serve. Compare with utilisation and GPM's tensor and DRAM activity: a busy GPU "
-                "far below its peak is latency- or launch-bound.",
+                "per GPU per second (vLLM's --enable-mfu-metrics counters, from vLLM, the sim or loadlens's "
+                "proxy) over the GPUs' datasheet peaks (their packaged GPU profile). Engine mean over GPU mean: "
+                "assumes the selected GPUs are one model and all serve. Compare with utilisation and GPM's tensor "
+                "and DRAM activity: a busy GPU far below its peak is latency- or launch-bound.",
                 min=0,
             ),
         ),

@@ -9,18 +9,18 @@ only; multi-head latent attention (DeepSeek-V2/V3) is refused.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadlens.contracts import model_config
+from loadlens.contracts.model_config import ModelConfig, ModelConfigError
 from loadlens.contracts.model_profile import LINEAR_MODULES, load_model_profile
 from loadlens.contracts.profile_schema import ProfileError
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
-# Keys that mark a mixture-of-experts config (Mixtral, Qwen2-MoE, DeepSeek-MoE): its MLP is not one dense block.
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 class LoraError(ValueError):
@@ -73,44 +73,24 @@ def _dims(name: str, layers: int, hidden: int, q_dim: int, kv_dim: int, intermed
     return BaseShape(name, layers, tuple(modules))
 
 
-def _positive(doc: dict[str, Any], key: str, source: str) -> int:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ShapeError(f"{source}: field {key!r} must be a positive integer, got {value!r}")
-    return value
+def _base(config: ModelConfig) -> BaseShape:
+    return _dims(config.name, config.layers, config.hidden, config.q_dim, config.kv_dim, config.intermediate)
+
+
+def _read(read: Callable[[], ModelConfig]) -> BaseShape:
+    try:
+        return _base(read())
+    except ModelConfigError as err:
+        raise ShapeError(str(err)) from None
 
 
 def from_hf_config(doc: Any, source: str) -> BaseShape:
     """The shape of a Hugging Face ``config.json`` (its ``text_config`` or ``language_config`` when nested)."""
-    if not isinstance(doc, dict):
-        raise ShapeError(f"{source}: config.json must hold a JSON object")
-    for nested in ("text_config", "language_config"):
-        if isinstance(doc.get(nested), dict):
-            doc = doc[nested]
-            break
-    if doc.get("kv_lora_rank") is not None:
-        raise ShapeError(f"{source}: multi-head latent attention (kv_lora_rank, DeepSeek-V2/V3) is not supported")
-    layers = _positive(doc, "num_hidden_layers", source)
-    hidden = _positive(doc, "hidden_size", source)
-    heads = _positive(doc, "num_attention_heads", source)
-    kv_heads = _positive(doc, "num_key_value_heads", source) if doc.get("num_key_value_heads") is not None else heads
-    if doc.get("head_dim") is not None:
-        head_dim = _positive(doc, "head_dim", source)
-    elif hidden % heads:
-        raise ShapeError(f"{source}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-    else:
-        head_dim = hidden // heads
-    moe = any(doc.get(k) for k in _MOE_KEYS)
-    intermediate = None if moe else _positive(doc, "intermediate_size", source)
-    return _dims(source, layers, hidden, heads * head_dim, kv_heads * head_dim, intermediate)
+    return _read(lambda: model_config.from_hf_config(doc, source))
 
 
 def from_config_file(path: Path) -> BaseShape:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ShapeError(f"{path}: cannot read config.json: {err}") from err
-    return from_hf_config(doc, str(path))
+    return _read(lambda: model_config.from_config_file(path))
 
 
 def from_profile(name: str) -> BaseShape:
@@ -127,12 +107,9 @@ def from_profile(name: str) -> BaseShape:
 
 
 def resolve(base: str) -> BaseShape:
-    """``base`` as a ``config.json`` file, a directory holding one, or else a sim model profile name."""
+    """``base`` as a ``config.json`` file, a directory holding one, or else a sim model profile name (read by
+    ``loadlens/contracts/model_config.py``, the MFU estimate's reader too)."""
     path = Path(base)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ShapeError(f"{path}: no config.json in this directory")
-        return from_config_file(path / "config.json")
-    if path.is_file() and path.suffix == ".json":
-        return from_config_file(path)
+    if path.is_dir() or (path.is_file() and path.suffix == ".json"):
+        return _read(lambda: model_config.resolve(base))
     return from_profile(base)

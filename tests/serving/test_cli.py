@@ -81,7 +81,18 @@ def test_knobs_from_the_environment_and_flags(
         (
             ["serve", "--engine", "openai", "--upstream", "http://x:1", "--enable-mfu-metrics"],
             {},
-            "--enable-mfu-metrics applies to the sim engine only",
+            "--enable-mfu-metrics with --engine openai needs --model-config",
+        ),
+        (
+            ["serve", "--engine", "openai", "--upstream", "http://x:1", "--model-config", "tiny"],
+            {},
+            "--model-config is read only with --enable-mfu-metrics",
+        ),
+        (["serve", "--model-config", "tiny"], {}, "--model-config applies to --engine openai only"),
+        (
+            ["serve", "--engine", "openai", "--upstream", "http://x:1", "--enable-mfu-metrics", "--model-config", "x"],
+            {},
+            "--model-config unknown model profile 'x'",
         ),
         (["serve"], {"LOADLENS_PORT": "http"}, "LOADLENS_PORT='http'"),
         (["serve"], {"LOADLENS_ENGINE": "magic"}, "LOADLENS_ENGINE='magic'"),

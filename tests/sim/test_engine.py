@@ -22,6 +22,7 @@ import pytest
 from exporters.serving.engine import EngineError, ErrorKind, FinishReason, LoRARequest
 from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile, roofline
 from exporters.serving.engines.sim.roofline import BatchShape, attn_pairs, step_cost
+from loadlens.contracts import mfu, model_config
 from loadlens.contracts.device_state import DeviceState
 from tests.sim.helpers import (
     collect,
@@ -184,17 +185,18 @@ def test_scripted_scenario_exact_metrics() -> None:
             (step1 + step2 + step3) / speed, abs=1e-9
         )
         assert sample(reg, "loadlens_sim_batch_size_sum") == 6
-        # vLLM's MFU counters (--enable-mfu-metrics) carry the roofline's work exactly, step by step: FLOPs, and
-        # bytes split into the KV written for the tokens each step computes (64, 2, 2) and everything else read.
-        kv = roofline.kv_bytes_per_token(model)
-        written = [kv * 64, kv * 2, kv * 2]
-        assert sample(reg, "vllm:estimated_flops_per_gpu_total", **lab) == 0.0 + costs[0].flops + costs[1].flops + (
-            costs[2].flops
-        )
-        assert sample(reg, "vllm:estimated_write_bytes_per_gpu_total", **lab) == 0.0 + sum(written)
-        assert sample(reg, "vllm:estimated_read_bytes_per_gpu_total", **lab) == sum(
-            (c.bytes_moved - w for c, w in zip(costs, written, strict=True)), 0.0
-        )
+        # vLLM's MFU counters (--enable-mfu-metrics) carry vLLM's estimate of the three steps (contracts/mfu.py):
+        # both prefills (context = prompt), then two decode steps each (context = prompt + tokens so far), the
+        # weights read once per step.
+        work = mfu.Work(steps=3)
+        for prompt in (40, 24):
+            work.add(prompt, prompt, prefill=True)
+            work.add(1, prompt + 1, prefill=False)
+            work.add(1, prompt + 2, prefill=False)
+        want = mfu.estimate(mfu.shape(model_config.from_model_profile(model)), work)
+        assert sample(reg, "vllm:estimated_flops_per_gpu_total", **lab) == want.flops
+        assert sample(reg, "vllm:estimated_write_bytes_per_gpu_total", **lab) == want.write_bytes
+        assert sample(reg, "vllm:estimated_read_bytes_per_gpu_total", **lab) == want.read_bytes
         assert sample(reg, "loadlens_sim_timing_error_seconds_count") == 3
         assert sample(reg, "vllm:num_requests_running", **lab) == 0
         assert sample(reg, "vllm:kv_cache_usage_perc", **lab) == 0

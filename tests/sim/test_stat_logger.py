@@ -26,6 +26,7 @@ from exporters.serving.engines.sim.stats import (
     StatLoggers,
     StepStats,
 )
+from loadlens.contracts import mfu, model_config
 from tests.sim.helpers import collect, engine_labels, prompt_of, request, run, sample, until, write_adapter
 from tests.support.paths import ROOT
 
@@ -65,7 +66,7 @@ def test_a_scripted_workload_hands_the_loggers_its_exact_records(tmp_path: Path)
 
     async def body() -> CollectorRegistry:
         reg = CollectorRegistry()
-        engine = SimEngine(model, gpu, registry=reg, speed=SPEED, stat_loggers=[rec],
+        engine = SimEngine(model, gpu, registry=reg, speed=SPEED, stat_loggers=[rec], enable_mfu_metrics=True,
                            knobs={"batching_window_us": 1e6, "max_waiting": 2})  # fmt: skip
         num_blocks = engine.knobs()["num_gpu_blocks"]
         await engine.start()
@@ -93,16 +94,20 @@ def test_a_scripted_workload_hands_the_loggers_its_exact_records(tmp_path: Path)
             step_cost(model, gpu, BatchShape(num_tokens=2, num_seqs=2, num_sampled=2, attn_pairs=42 + 26,
                                              kv_read_tokens=66)),
         ]  # fmt: skip
-        kv = roofline.kv_bytes_per_token(model)
-        computed = [64, 2, 2]
+        # vLLM's MFU estimate of each step (contracts/mfu.py): the two prefills, then one decode each per step.
+        entries = [[(40, 40, True), (24, 24, True)], [(1, 41, False), (1, 25, False)], [(1, 42, False), (1, 26, False)]]
+        shape_of = mfu.shape(model_config.from_model_profile(model))
         steps = [r for r in rec.records if isinstance(r, StepStats)]
         assert [(s.num_seqs, s.num_preempted, s.prefix_queries, s.prefix_hits, s.adapter_loads) for s in steps] == [
             (2, 0, 64, 0, []), (2, 0, 0, 0, []), (2, 0, 0, 0, []),
         ]  # fmt: skip
-        for s, cost, n in zip(steps, costs, computed, strict=True):
+        for s, cost, step_entries in zip(steps, costs, entries, strict=True):
             assert s.duration_seconds == pytest.approx(cost.total_seconds / SPEED, abs=1e-9)
-            assert s.flops == cost.flops
-            assert (s.read_bytes, s.write_bytes) == (cost.bytes_moved - kv * n, kv * n)
+            work = mfu.Work(steps=1)
+            for n, context, prefill in step_entries:
+                work.add(n, context, prefill=prefill)
+            want = mfu.estimate(shape_of, work)
+            assert (s.flops, s.read_bytes, s.write_bytes) == (want.flops, want.read_bytes, want.write_bytes)
 
         # Every record in order: steps and their outcomes, events, and each published queue.
         def shape(r: StepStats | EngineStats | EngineEvent) -> object:

@@ -23,11 +23,12 @@ from tests.support.paths import ROOT
 from tests.support.recording_relay import RecordingRelay
 from tests.support.vllm_model import tiny_model
 
-SERVER_ARGS = ("--kv-cache-metrics", "--max-cpu-loras", "3")
+SERVER_ARGS = ("--kv-cache-metrics", "--max-cpu-loras", "3", "--enable-mfu-metrics")
 """Beyond the rig's defaults: vLLM's KV-block histograms, which the sim always emits, so the metric fidelity
 test compares them too (tests/vllm/test_metrics_fidelity.py); a CPU cache of 3 adapters beside the one GPU slot
 (``--max-loras 1``), so an adapter that lost its slot comes back from vLLM's CPU cache, not from storage
-(tests/vllm/test_probe.py, test_hot_swap.py)."""
+(tests/vllm/test_probe.py, test_hot_swap.py); vLLM's MFU counters, which the proxy's estimate is checked
+against (tests/vllm/test_mfu_estimate.py)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_probe_dir: Path) 
 @pytest.fixture(scope="session")
 def vllm_proxy(vllm_server: rig.VllmServer) -> Iterator[Proxy]:
     """``loadlens serve --engine openai --upstream-kind auto`` in front of the session's vLLM (through a
-    recording relay), with the adapters' directory as its ``--lora-root``."""
+    recording relay), with the adapters' directory as its ``--lora-root`` and its MFU estimate on (the model's
+    config.json as ``--model-config``)."""
     relay = RecordingRelay(int(vllm_server.url.rsplit(":", 1)[1]))
     port = free_port()
     argv = [
@@ -95,6 +97,9 @@ def vllm_proxy(vllm_server: rig.VllmServer) -> Iterator[Proxy]:
         "auto",
         "--lora-root",
         str(vllm_server.model.adapter_root),
+        "--enable-mfu-metrics",
+        "--model-config",
+        str(vllm_server.model.path),
         "--port",
         str(port),
         "--log-level",

@@ -45,7 +45,6 @@ ADAPTER = "live-r8"
 """The adapter this module loads through the proxy (the rank-8 one, by its path under --lora-root)."""
 RULE_FILES = ("loadlens-rules.yaml", "loadlens-alerts.yaml")
 
-_CPU = "a CPU vLLM without --enable-mfu-metrics: the MFU counters vllm:estimated_*_per_gpu stay 0"
 _SIM = "the sim's own loadlens_sim_* series; a real vLLM has no simulator"
 _LOADGEN = "a loadlens load series (job loadlens-loadgen); this module sends its requests itself"
 

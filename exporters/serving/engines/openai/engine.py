@@ -56,10 +56,12 @@ from exporters.serving.engines.openai.errors import (
     upstream_error,
 )
 from exporters.serving.engines.openai.metrics import ProxyMetrics
+from exporters.serving.engines.openai.mfu import ProxyMfu
 from exporters.serving.engines.openai.stream import ProxyStream
 from exporters.serving.engines.openai.swap_windows import SwapWindows
 from exporters.serving.engines.openai.upstream_pool import ConnectionPool
 from exporters.serving.engines.openai.whole import WholeAnswer, whole_event
+from loadlens.contracts import mfu
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _log = logging.getLogger("loadlens.serve")
@@ -109,6 +111,7 @@ class OpenAIProxyEngine(Engine):
         swap_windows: SwapWindows | None = None,
         registry: CollectorRegistry | None = None,
         upstream_kind: str = "auto",
+        mfu_shape: mfu.Shape | None = None,
     ) -> None:
         if upstream_kind != "auto" and upstream_kind not in upstream_kinds.KINDS:
             raise ValueError(
@@ -134,6 +137,8 @@ class OpenAIProxyEngine(Engine):
         self._cards: list[ModelCard] = []
         self.swap_windows = swap_windows if swap_windows is not None else SwapWindows()  # load/unload calls, timed
         self.metrics = ProxyMetrics(registry if registry is not None else CollectorRegistry())
+        # --enable-mfu-metrics with --model-config: vLLM's estimated FLOPs/bytes counters from token counts.
+        self.mfu = ProxyMfu(mfu_shape, self.metrics.registry) if mfu_shape is not None else None
         self.configured_kind = upstream_kind
         self.kind: str | None = None if upstream_kind == "auto" else upstream_kind
         self.kind_evidence = "" if self.kind is None else "--upstream-kind"
@@ -258,6 +263,13 @@ class OpenAIProxyEngine(Engine):
                 raise send_failure(self.upstream, reason, err) from err
 
     async def generate(self, request: GenerationRequest) -> RequestStream:
+        if self.mfu is None:
+            return await self._generate(request)
+        # vLLM's model_name label: the base model an adapter serves (its parent in /v1/models).
+        name = next((c.parent for c in self._cards if c.id == request.model and c.parent), request.model)
+        return await self.mfu.track(name, self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> RequestStream:
         if not request.stream_requested:
             return await self._generate_whole(request)
         body = dict(request.body)

@@ -14,6 +14,7 @@ class ProxyMetrics:
     """The proxy's own series: failures it answers for and the retries it made (docs/metrics.md)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.failures = Counter(
             "loadlens_proxy_upstream_failures",
             "Requests the proxy failed itself because the upstream could not be used, by reason.",

@@ -65,6 +65,7 @@ class ProxyStream(RequestStream):
         self._eof_error: BaseException | None = None
         self._on_failure = on_failure
         self._on_token_source = on_token_source
+        self._on_close: Callable[[tuple[int, int] | None], None] | None = None
         self._closed = False
         self._windows = windows if windows is not None else SwapWindows()
         self._marks = progress_marks(request.arrival_time)  # admission, then each read carrying tokens
@@ -212,6 +213,11 @@ class ProxyStream(RequestStream):
             finally:
                 self._waiter = None
 
+    def on_close(self, callback: Callable[[tuple[int, int] | None], None]) -> None:
+        """``callback`` gets (prompt, output tokens) when a finished stream closes, None when one that did not
+        finish closes (the MFU estimate, ``mfu.py``)."""
+        self._on_close = callback
+
     async def _fail(self, reason: str) -> None:
         if self._on_failure is not None:
             self._on_failure(reason)
@@ -229,6 +235,8 @@ class ProxyStream(RequestStream):
         finished = self._frames.finished
         if finished and self._on_token_source is not None:
             self._on_token_source(self._frames.source or "chunks")
+        if self._on_close is not None:
+            self._on_close((self._frames.prompt_tokens, self._frames.output_tokens) if finished else None)
         # Closing (not releasing) the connection tells the upstream to abort the request, as a client
         # disconnect would; vLLM frees the slot and KV blocks on that.
         if not finished:

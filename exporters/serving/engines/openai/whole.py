@@ -58,6 +58,12 @@ class WholeAnswer(RequestStream):
         self.timing = timing
         self._event: OutputEvent | None = event
 
+    def usage(self) -> tuple[int, int, int] | None:
+        """(prompt, completion, cached prompt tokens) of the upstream's answer; None when it had no usage counts
+        (the MFU estimate, ``mfu.py``)."""
+        e = self._event
+        return None if e is None or not e.prompt_tokens else (e.prompt_tokens, e.output_tokens, e.cached_tokens)
+
     async def __anext__(self) -> OutputEvent:
         event, self._event = self._event, None
         if event is None:

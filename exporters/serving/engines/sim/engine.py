@@ -71,7 +71,8 @@ from exporters.serving.engines.sim.step_pricing import price_step
 from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.timer import DeadlineTimer, Timer
 from exporters.serving.engines.sim.tokenizer import make_words, stable_seed
-from exporters.serving.engines.sim.vllm_metrics import VllmMetrics
+from exporters.serving.engines.sim.vllm_metrics import VllmMetrics, mfu_step
+from loadlens.contracts import mfu, model_config
 from loadlens.contracts.model_profile import ModelProfile
 
 if TYPE_CHECKING:  # the registry only passes through to the Prometheus logger
@@ -126,6 +127,8 @@ class SimEngine(Engine):
         prometheus = VllmMetrics(registry, model_name=self.served_model_name, max_model_len=k.max_model_len,
                                  cache_info=cache_info, max_loras=k.max_loras,
                                  enable_mfu_metrics=enable_mfu_metrics)  # fmt: skip
+        # vLLM's MFU estimate of each step (loadlens/contracts/mfu.py), computed only when it is counted.
+        self._mfu = mfu.shape(model_config.from_model_profile(model)) if enable_mfu_metrics else None
         self._stats: stats.StatLogger = stats.StatLoggers([prometheus, *stat_loggers]) if stat_loggers else prometheus
         self._sched.pool.clock = clock
         self._sched.pool.on_evict = lambda life, idle, gaps: self._stats.record_event(
@@ -379,10 +382,10 @@ class SimEngine(Engine):
         for a in batch.adapter_evictions:
             self._device.free_adapter(a)
         self._device.record_step(step.cost, batch.shape, busy_start=step.busy_start, end=step.end)
-        written = roofline.kv_bytes_per_token(self.model) * batch.shape.num_tokens
+        est = mfu_step(self._mfu, batch.reqs, batch.num_new) if self._mfu is not None else mfu.NOTHING
         step_stats = stats.StepStats(step.end - t0, batch.shape.num_seqs, len(batch.preempted), batch.prefix_queries,
-                          batch.prefix_hits, list(step.adapter_loads), flops=step.cost.flops,
-                          read_bytes=step.cost.bytes_moved - written, write_bytes=written)  # fmt: skip
+                          batch.prefix_hits, list(step.adapter_loads), flops=est.flops, read_bytes=est.read_bytes,
+                          write_bytes=est.write_bytes)  # fmt: skip
         self._stats.record_step(step_stats)
 
         await self._sleep_until(step.end)

@@ -50,11 +50,12 @@ class StepStats:
     adapter_loads: list[tuple[str, float]] = field(default_factory=list)
     """(source, wall seconds) of each GPU-slot activation: ``host`` or ``storage``."""
     flops: float = 0.0
-    """The roofline's FLOPs for the step (vLLM's MFU estimate counts the same work)."""
+    """vLLM's MFU estimate of the step's FLOPs (``loadlens/contracts/mfu.py``); 0 without
+    ``enable_mfu_metrics``."""
     read_bytes: float = 0.0
-    """Bytes the step reads from HBM: streamed weights and the KV cache attended to."""
+    """The same estimate's bytes read: weights once, layer inputs, the KV cache attended to."""
     write_bytes: float = 0.0
-    """Bytes the step writes to HBM: the KV of the tokens it computes."""
+    """The same estimate's bytes written: layer outputs, the new tokens' K and V, logits."""
 
 
 @dataclass(frozen=True, slots=True)

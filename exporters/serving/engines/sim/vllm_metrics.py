@@ -13,7 +13,8 @@ connector) = ``prompt_tokens``; ``prompt_tokens_cached`` = the cache hits, all f
 (``prompt_tokens_cached_by_source{source="device"}``). ``external_prefix_cache_*`` and ``mm_cache_*`` exist
 and stay 0, as on a vLLM without a KV connector serving a text-only model. The MFU counters
 (``estimated_*_per_gpu``) exist always and count only with ``enable_mfu_metrics`` (vLLM's
-``--enable-mfu-metrics``; 0 otherwise, as in vLLM 0.32), the roofline's own FLOPs and bytes per step. The
+``--enable-mfu-metrics``; 0 otherwise, as in vLLM 0.32), vLLM's estimate of each step (:func:`mfu_step`,
+``loadlens/contracts/mfu.py``; the proxy counts the same per request). The
 KV-block residency histograms (``kv_block_*``, opt-in in vLLM with ``--kv-cache-metrics``, sampling 1 % of
 blocks) are always on and sample every prefix-cached block (see :mod:`.block_pool`).
 
@@ -30,6 +31,7 @@ from typing import assert_never
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters.serving.engine import FinishReason
+from exporters.serving.engines.sim.sched_types import SchedRequest
 from exporters.serving.engines.sim.stats import (
     AdapterRead,
     BlockEviction,
@@ -44,6 +46,7 @@ from exporters.serving.engines.sim.stats import (
     SchedulerStats,
     StepStats,
 )
+from loadlens.contracts import mfu
 from loadlens.contracts.buckets import (
     ENGINE_STEP_SECONDS,
     LORA_SWAP_BLOCKING,
@@ -65,6 +68,17 @@ FINISHED_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repeti
 SLEEP_STATES: tuple[str, ...] = ("awake", "weights_offloaded", "discard_all")
 PROMPT_SOURCES: tuple[str, ...] = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES: tuple[str, ...] = ("device", "host", "p2p", "disk", "external_unspecified")
+
+
+def mfu_step(shape: mfu.Shape, reqs: Sequence[SchedRequest], num_new: Sequence[int]) -> mfu.Estimate:
+    """vLLM's MFU estimate of one step, its entries as vLLM's scheduler output makes them: a request computing
+    ``n`` tokens after ``num_computed`` has context ``num_computed + n``; a first schedule or ``n > 1`` is a
+    prefill."""
+    work = mfu.Work(steps=1.0)
+    for req, n in zip(reqs, num_new, strict=True):
+        if n:
+            work.add(n, req.num_computed + n, prefill=n > 1 or req.num_computed == 0)
+    return mfu.estimate(shape, work)
 
 
 class VllmMetrics:
