@@ -25,9 +25,9 @@ import urllib.request
 from collections.abc import Callable
 from types import TracebackType
 
+from loadlens.contracts.engine_counters import counter_increases, parse_engine_counters
 from loadlens.contracts.engine_series import BY_VLLM
 from loadlens.contracts.experiment_result import ServerSample
-from loadlens.experiment.engine_counters import counter_increases, parse_engine_counters
 from loadlens.experiment.swap_driver import SwapDriver
 from loadlens.experiment.swap_series import SeriesKey, parse_swap_series, swap_figures
 
@@ -110,7 +110,7 @@ class ServerSampler:
         self.swap_samples: list[tuple[float, dict[SeriesKey, float]]] = []
         """The hot-swap series of each sample (loadlens/experiment/swap_series.py)."""
         self.counter_samples: list[tuple[float, dict[str, float]]] = []
-        """vLLM's cumulative engine series of each sample (loadlens/experiment/engine_counters.py)."""
+        """vLLM's cumulative engine series of each sample (loadlens/contracts/engine_counters.py)."""
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="server-sampler", daemon=True)
