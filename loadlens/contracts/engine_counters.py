@@ -35,7 +35,24 @@ COUNTERS = (
 ENGINE_COUNTERS: frozenset[str] = frozenset(
     [f"{h}_sum" for h in HISTOGRAMS] + [f"{h}_count" for h in HISTOGRAMS] + list(COUNTERS)
 )
-"""The exposed sample names kept (histograms by ``_sum`` and ``_count`` only)."""
+"""The exposed sample names kept (histograms by ``_sum`` and ``_count``)."""
+BUCKETED = "vllm:iteration_tokens_total_bucket"
+"""The one histogram whose buckets are kept too, as ``NAME{le="EDGE"}`` (EDGE as exposed): how many steps
+carried at most EDGE tokens, which tells decode-only steps from steps that admitted a prompt."""
+
+
+def bucket_key(le: str) -> str:
+    return f'{BUCKETED}{{le="{le}"}}'
+
+
+def bucket_counts(values: dict[str, float]) -> list[tuple[float, float]]:
+    """(edge, cumulative count) of the kept buckets, by edge (``+Inf`` last)."""
+    out = []
+    prefix = f'{BUCKETED}{{le="'
+    for key, count in values.items():
+        if key.startswith(prefix):
+            out.append((float(key[len(prefix) : -2]), count))
+    return sorted(out)
 
 
 def parse_engine_counters(text: str) -> dict[str, float]:
@@ -46,7 +63,12 @@ def parse_engine_counters(text: str) -> dict[str, float]:
             continue
         brace, space = line.find("{"), line.find(" ")
         name = line[:brace] if 0 <= brace < space or (brace >= 0 and space < 0) else line[:space]
-        if name not in ENGINE_COUNTERS:
+        if name == BUCKETED:
+            at = line.find('le="', brace)
+            if at < 0:
+                continue
+            name = bucket_key(line[at + 4 : line.find('"', at + 4)])
+        elif name not in ENGINE_COUNTERS:
             continue
         rest = line[line.rfind("}") + 1 :] if brace >= 0 else line[space:]
         fields = rest.split()

@@ -41,7 +41,7 @@ GOAL = {"median_ttft_ms": 0.10, "median_itl_ms": 0.10, "output_throughput": 0.10
         "p99_itl_ms": 0.20, "server_mean_ttft_ms": 0.10, "server_mean_itl_ms": 0.10,
         "server_output_throughput": 0.10}  # fmt: skip
 """Issue 25's goal per figure: |error| at most this (medians, means and throughput 10 %, P99 20 %)."""
-UNITS = {"s_per_flop": "s/FLOP", "s_per_kv_byte": "s/byte"}
+UNITS = {"s_per_flop": "s/FLOP", "s_per_byte": "s/byte"}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         for i, s in enumerate(stages, 1):
             _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({s.duration_s:.0f} s modeled)")
             load = StageLoad(s.users, round(s.prompt_tokens), round(s.output_tokens), s.duration_s)
-            sim = replay(model, gpu, load, client_overhead_s=max(overhead or 0.0, 0.0))
+            sim = replay(model, gpu, load, client_overhead_s=max(overhead or 0.0, 0.0)).figures
             real = {**s.figures, **s.server_figures()}
             rows.append({"stage": s.name, "set": "held-out" if s.name in args.hold_out else "fit",
                          "real": real, "sim": sim, "error": errors(real, sim)})  # fmt: skip

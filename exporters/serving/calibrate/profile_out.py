@@ -5,7 +5,7 @@ profile's existing fields:
 - ``step_overhead_seconds`` (and ``layer_overhead_seconds`` 0: the fit has one fixed cost per step);
 - ``per_seq_overhead_seconds``;
 - ``peak_tensor_flops`` = 1 / seconds per FLOP with ``compute_efficiency`` 1;
-- ``hbm_bytes_per_s`` = 1 / seconds per KV byte with ``memory_efficiency`` 1;
+- ``hbm_bytes_per_s`` = 1 / seconds per byte moved (weights + K and V) with ``memory_efficiency`` 1;
 - ``default_knobs.insertion_overhead_us``.
 
 A term the data did not identify is written as free: ``peak_tensor_flops`` or ``hbm_bytes_per_s`` 1e30 (the
@@ -35,7 +35,7 @@ def profile_document(fit: FitResult, base: GPUProfile, name: str, source: str) -
     doc["layer_overhead_seconds"] = 0.0
     doc["peak_tensor_flops"] = float(f"{1 / v['s_per_flop']:.6g}") if v["s_per_flop"] > 0 else FREE
     doc["compute_efficiency"] = 1.0
-    doc["hbm_bytes_per_s"] = float(f"{1 / v['s_per_kv_byte']:.6g}") if v["s_per_kv_byte"] > 0 else FREE
+    doc["hbm_bytes_per_s"] = float(f"{1 / v['s_per_byte']:.6g}") if v["s_per_byte"] > 0 else FREE
     doc["memory_efficiency"] = 1.0
     knobs = dict(doc.get("default_knobs") or {})  # type: ignore[call-overload]
     knobs["insertion_overhead_us"] = round(v["insertion_s"] * 1e6, 3)

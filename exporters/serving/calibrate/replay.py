@@ -114,9 +114,17 @@ def _counters(registry: CollectorRegistry, now: float) -> tuple[float, dict[str,
     return now, parse_engine_counters(generate_latest(registry).decode())
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    figures: dict[str, float | None]
+    """Client-side and server-side figures, by the sweep's keys."""
+    counters: dict[str, float]
+    """The sim's engine counter increases over the window (vLLM's names)."""
+
+
 async def _replay(
     model: ModelProfile, gpu: GPUProfile, load: StageLoad, knobs: dict[str, object], overhead_s: float
-) -> dict[str, float | None]:
+) -> Replayed:
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
     engine = SimEngine(model, gpu, registry=registry, served_model_name="tiny-replay", speed=1.0, seed=0,
@@ -187,8 +195,9 @@ async def _replay(
         "output_throughput": tokens_in_window / load.duration_s,
         "completed": float(len(e2e)),
     }
-    figures.update(server_figures(counter_increases([before, after], [(t0, t1)]), load.duration_s))
-    return figures
+    counters = counter_increases([before, after], [(t0, t1)])
+    figures.update(server_figures(counters, load.duration_s))
+    return Replayed(figures, counters)
 
 
 def replay(
@@ -197,7 +206,7 @@ def replay(
     load: StageLoad,
     knobs: dict[str, object] | None = None,
     client_overhead_s: float = 0.0,
-) -> dict[str, float | None]:
+) -> Replayed:
     """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop)."""
     with asyncio.Runner(loop_factory=_VirtualLoop) as runner:
         return runner.run(_replay(model, gpu, load, dict(knobs or {}), client_overhead_s))
