@@ -82,17 +82,25 @@ def parse_engine_counters(text: str) -> dict[str, float]:
     return out
 
 
+SPAN = "seconds"
+"""The key of :func:`counter_increases`' result that holds the time its increases cover: per window, last
+sample minus first, summed (the sampler's first and last readings inside a stage miss up to one interval at
+each edge, so rates divide by this, not by the stage's length)."""
+
+
 def counter_increases(
     samples: list[tuple[float, dict[str, float]]], windows: list[tuple[float, float]]
 ) -> dict[str, float]:
     """Per window the last sample inside it minus the first, summed over the windows; a name needs two
-    samples inside some window that both carry it."""
+    samples inside some window that both carry it. ``SPAN`` holds the seconds covered (absent when no window
+    had two samples)."""
     out: dict[str, float] = {}
     for lo, hi in windows:
-        inside = [values for ts, values in samples if lo <= ts <= hi]
-        if len(inside) < 2:
+        stamped = [(ts, values) for ts, values in samples if lo <= ts <= hi]
+        if len(stamped) < 2:
             continue
-        first, last = inside[0], inside[-1]
+        (t_first, first), (t_last, last) = stamped[0], stamped[-1]
+        out[SPAN] = out.get(SPAN, 0.0) + t_last - t_first
         for name in sorted(set(first) & set(last)):
             out[name] = out.get(name, 0.0) + last[name] - first[name]
     return out

@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
-from loadlens.contracts.engine_counters import bucket_counts, bucket_key, counter_increases, parse_engine_counters
+from loadlens.contracts.engine_counters import (
+    SPAN,
+    bucket_counts,
+    bucket_key,
+    counter_increases,
+    parse_engine_counters,
+)
 
 SCRAPE = """# HELP vllm:iteration_tokens_total Number of tokens per engine_step.
 # TYPE vllm:iteration_tokens_total histogram
@@ -41,4 +47,4 @@ def test_increases_per_window_need_two_samples_inside_it() -> None:
         (6.0, {"a": 17.0, "b": 9.0}),
     ]
     # Window 1: 1..3 (a: 6 - 1; b absent from the first sample); window 2: 5..6 (a: 7, b: 4); window 3 has one.
-    assert counter_increases(samples, [(1.0, 3.0), (5.0, 6.0), (2.5, 4.0)]) == {"a": 12.0, "b": 4.0}
+    assert counter_increases(samples, [(1.0, 3.0), (5.0, 6.0), (2.5, 4.0)]) == {"a": 12.0, "b": 4.0, SPAN: 3.0}

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadlens.contracts.engine_counters import SPAN
 from loadlens.contracts.experiment_result import ExperimentResult
 
 MIN_REQUESTS = 20
@@ -42,7 +43,7 @@ class Stage:
     def server_figures(self) -> dict[str, float]:
         """The server's own figures over the window: vLLM's histogram means (ms), its output token rate
         and Little's law's mean running requests (inference time over the window)."""
-        return server_figures(self.counters, self.duration_s)
+        return server_figures(self.counters, self.counters.get(SPAN, self.duration_s))
 
     def server_mean(self, histogram: str) -> float | None:
         """``_sum / _count`` of a vLLM histogram's increase, seconds; None without samples."""

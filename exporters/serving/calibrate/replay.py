@@ -25,7 +25,7 @@ from exporters.serving.calibrate.observations import server_figures
 from exporters.serving.engine import GenerationRequest, SamplingParams
 from exporters.serving.engines.sim import SimEngine
 from exporters.serving.engines.sim.profile import GPUProfile
-from loadlens.contracts.engine_counters import counter_increases, parse_engine_counters
+from loadlens.contracts.engine_counters import SPAN, counter_increases, parse_engine_counters
 from loadlens.contracts.model_profile import ModelProfile
 
 START = 1000.0
@@ -196,7 +196,7 @@ async def _replay(
         "completed": float(len(e2e)),
     }
     counters = counter_increases([before, after], [(t0, t1)])
-    figures.update(server_figures(counters, load.duration_s))
+    figures.update(server_figures(counters, counters.get(SPAN, load.duration_s)))
     return Replayed(figures, counters)
 
 
