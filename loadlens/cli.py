@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "loadlens.experiment.compare",
     "lora": "loadlens.lora.cli",
     "gpu-bench": "loadlens.gpubench.cli",
+    "calibrate": "exporters.serving.calibrate.cli",
 }
 
 
@@ -44,6 +45,7 @@ REQUIRES: dict[str, tuple[str, tuple[str, ...]]] = {
     "report": ("report", ("matplotlib",)),
     "experiment": ("load", ("locust", "gevent", "geventhttpclient", "hdrh")),
     "lora": ("lora", ("numpy",)),
+    "calibrate": ("lora", ("numpy",)),
 }
 
 

@@ -108,6 +108,9 @@ class ServerSample(_Model):
     preemptions: float | None = None
     lora_swap: LoraSwapSample | None = None
     """Hot-swap figures where the server exports the serving layer's series (loadlens serve: sim or proxy)."""
+    engine_counters: dict[str, float] = Field(default_factory=dict)
+    """Increases of vLLM's engine counters and histogram ``_sum``/``_count`` over the measured window, by
+    exposed sample name (loadlens/contracts/engine_counters.py; what ``loadlens calibrate`` reads)."""
     errors: list[str] = Field(default_factory=list)
 
 

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from types import TracebackType
 
+from loadlens.contracts.engine_counters import counter_increases, parse_engine_counters
 from loadlens.contracts.engine_series import BY_VLLM
 from loadlens.contracts.experiment_result import ServerSample
 from loadlens.experiment.swap_driver import SwapDriver
@@ -108,6 +109,8 @@ class ServerSampler:
         self.samples: list[tuple[float, dict[str, float]]] = []
         self.swap_samples: list[tuple[float, dict[SeriesKey, float]]] = []
         """The hot-swap series of each sample (loadlens/experiment/swap_series.py)."""
+        self.counter_samples: list[tuple[float, dict[str, float]]] = []
+        """vLLM's cumulative engine series of each sample (loadlens/contracts/engine_counters.py)."""
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="server-sampler", daemon=True)
@@ -128,6 +131,7 @@ class ServerSampler:
                 now = time.time()
                 self.samples.append((now, parse_exposition(text)))
                 self.swap_samples.append((now, parse_swap_series(text)))
+                self.counter_samples.append((now, parse_engine_counters(text)))
             except (OSError, ValueError) as err:
                 if len(self.errors) < 5:
                     self.errors.append(f"GET {self.url}: {err}")
@@ -159,6 +163,7 @@ class ServerSampler:
             peak_kv_cache_usage=max(kv) if kv else None,
             preemptions=_increase(inside),
             lora_swap=swap,
+            engine_counters=counter_increases(self.counter_samples, windows),
             errors=list(self.errors),
         )
 

@@ -50,6 +50,7 @@ def test_packaged_experiments_load_and_expand() -> None:
     assert available_experiments() == [
         "batching-window",
         "burst-capacity",
+        "calibration-sweep",
         "fairness",
         "hot-swap",
         "lora-rank",
@@ -64,6 +65,7 @@ def test_packaged_experiments_load_and_expand() -> None:
     assert names["token-budget"] == ["s16-t64", "s16-t512", "s16-t4096", "s64-t64", "s64-t512", "s64-t4096"]
     assert names["seed-benchmark"] == ["default", "half-kv"]
     assert names["burst-capacity"] == ["b8", "b16", "b32", "b64", "b128", "b256"]
+    assert names["calibration-sweep"] == ["c1-p128", "c2-p128", "c4-p128", "c8-p128", "p32-c2", "p192-c2", "p448-c2"]
     assert names["slo-search"] == ["c8"]  # the first level; the search plans the rest
     assert names["hot-swap"] == ["scheduled", "on-demand"]
     assert names["multi-lora"] == ["1-adapter", "3-adapters"]
@@ -162,8 +164,8 @@ def test_cli_rejects_a_bad_profile_inside_the_experiment(tmp_path: Path, capsys:
         (["batching-window", "--param", "windows=a,b"], "--param: 'a' is not a int"),
         (
             ["nosuch"],
-            "experiment 'nosuch': no such packaged experiment (batching-window, burst-capacity, fairness,"
-            " hot-swap, lora-rank, multi-lora, seed-benchmark, slo-search, token-budget) or file",
+            "experiment 'nosuch': no such packaged experiment (batching-window, burst-capacity, calibration-sweep,"
+            " fairness, hot-swap, lora-rank, multi-lora, seed-benchmark, slo-search, token-budget) or file",
         ),
         (["fairness", "--resume"], "--resume needs --run-id (the experiment directory to continue)"),
         (

@@ -172,3 +172,27 @@ def test_slo_search_on_the_sim(tmp_path: Path) -> None:
     assert [r["level"] for r in levels] == sorted(r["level"] for r in levels)  # type: ignore[type-var]
     assert levels[0]["level"] == 8 and levels[0]["level_passes"] is True  # 8 users of the 8B model at speed 10
     assert all(r["level_passes"] is (float(r["level"]) <= float(capacity["capacity"])) for r in levels)  # type: ignore[arg-type]
+
+
+def test_calibration_sweep_records_the_engine_counters_on_the_sim(tmp_path: Path) -> None:
+    """Two stages (one per ladder) on the sim: each run's server sample carries the increases of vLLM's
+    engine counters over its measured window, consistent with the client's count of requests and tokens
+    (what ``loadlens calibrate`` reads, docs/calibration.md)."""
+    result, _ = run_experiment(tmp_path, "calibration-sweep", "--time-scale", "0.1", "--param", "concurrency=2",
+                               "--param", "prompt_lengths=32", "--param", "output=16", speed="1")  # fmt: skip
+    assert [(t.name, t.params, t.status) for t in result.trials] == [
+        ("c2-p128", {"users": 2, "prompt_tokens": 128}, "done"),
+        ("p32-c2", {"prompt_tokens": 32, "users": 2}, "done"),
+    ]
+    for trial in result.trials:
+        run = trial.runs[0]
+        counters = run.server.engine_counters
+        steps = counters["vllm:iteration_tokens_total_count"]
+        # Every step is counted once; a request's 16 tokens take 16 steps, so steps >= its tokens / users.
+        assert steps >= counters["vllm:generation_tokens_total"] / 2 > 0
+        assert counters['vllm:iteration_tokens_total_bucket{le="+Inf"}'] == steps
+        # The counters cover the sampled part of the measured window (its first to last /metrics reading):
+        # they saw at most the requests the client completed in the whole window, and cover most of it.
+        assert 0 < counters["vllm:request_success_total"] <= (run.figures["completed"] or 0) + 2
+        assert 0.5 * (run.figures["duration"] or 0) <= counters["seconds"] <= (run.figures["duration"] or 0)
+        assert counters["vllm:request_prefill_time_seconds_count"] == counters["vllm:request_success_total"]

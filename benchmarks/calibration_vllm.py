@@ -1,0 +1,44 @@
+"""One calibration sweep against the real vLLM CPU rig (docs/calibration.md).
+
+Run: ``python -m benchmarks.calibration_vllm [--results DIR] [--run-id ID] [--time-scale X]`` (needs
+``.venv-vllm``, docs/real-vllm.md). It builds the tiny model (``tests/support/vllm_model.py``), starts one vLLM
+(``tests/support/vllm_server.py``: its own process group, killed on exit), runs ``loadlens experiment
+calibration-sweep --host URL --model tiny-llama`` against it and prints the experiment's result path; then
+``loadlens calibrate RESULT --model-profile PROFILE ...`` fits the sim to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.paths import ROOT
+from tests.support.vllm_model import SERVED_NAME, tiny_model
+from tests.support.vllm_server import vllm_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default="results")
+    p.add_argument("--run-id", default="calibration-vllm")
+    p.add_argument("--time-scale", default="1")
+    p.add_argument("--param", action="append", default=[], help="passed on to the experiment")
+    args = p.parse_args(argv)
+    model = tiny_model()
+    log = Path(args.results) / "experiments" / f"{args.run_id}-vllm.log"
+    with vllm_server(model, log_path=log) as server:
+        print(f"vLLM healthy at {server.url} after {server.startup_s:.1f} s (log {log})", flush=True)
+        cmd = [sys.executable, "-m", "loadlens.cli", "experiment", "calibration-sweep", "--host", server.url,
+               "--model", SERVED_NAME, "--results", args.results, "--run-id", args.run_id,
+               "--time-scale", args.time_scale]  # fmt: skip
+        for param in args.param:
+            cmd += ["--param", param]
+        code = subprocess.call(cmd, cwd=ROOT)
+    print(f"result: {Path(args.results) / 'experiments' / args.run_id / 'experiment_result.json'}")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""``loadlens calibrate RUN... --model-profile M --profile OUT.yaml [--hold-out STAGE...]``: fits the sim's
+step-time parameters to a real server's calibration sweep, writes a sim GPU profile, replays every stage on
+the sim with it and prints each stage's error, fit and held-out (docs/calibration.md).
+
+Usage::
+
+    loadlens experiment calibration-sweep --host http://127.0.0.1:8000 --run-id sweep
+    loadlens calibrate results/experiments/sweep --model-profile my-model.yaml --profile fitted.yaml \\
+        --hold-out c4-p128 p192-c2
+    loadlens serve --engine sim --model-profile my-model.yaml --gpu-profile fitted.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from exporters.serving.calibrate.fit import PARAMS, FitResult, client_overhead_s, fit
+from exporters.serving.calibrate.observations import CalibrationInputError, Stage, check_usable, read_stages
+from exporters.serving.calibrate.profile_out import write_profile
+from exporters.serving.calibrate.replay import StageLoad, replay
+from loadlens.contracts.gpu_profile import load_gpu_profile
+from loadlens.contracts.model_profile import load_model_profile
+from loadlens.contracts.profile_schema import ProfileError
+from loadlens.util.cliutil import UsageError
+
+VIEWS: dict[str, list[tuple[str, str]]] = {
+    "client": [("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_itl_ms", "ITL p50"),
+               ("p99_itl_ms", "ITL p99"), ("median_e2el_ms", "E2E p50"), ("p99_e2el_ms", "E2E p99"),
+               ("output_throughput", "out tok/s")],
+    "server": [("server_mean_ttft_ms", "TTFT mean"), ("server_mean_itl_ms", "ITL mean"),
+               ("server_mean_e2el_ms", "E2E mean"), ("server_mean_prefill_ms", "prefill mean"),
+               ("server_output_throughput", "out tok/s"), ("mean_running", "running")],
+}  # fmt: skip
+"""What is compared per stage: the client's figures (loadgen's), and the server's own (vLLM's histogram means
+over the window, its output token rate, Little's law's running requests), each real against the sim's."""
+GOAL = {"median_ttft_ms": 0.10, "median_itl_ms": 0.10, "output_throughput": 0.10, "p99_ttft_ms": 0.20,
+        "p99_itl_ms": 0.20, "server_mean_ttft_ms": 0.10, "server_mean_itl_ms": 0.10,
+        "server_output_throughput": 0.10}  # fmt: skip
+"""Issue 25's goal per figure: |error| at most this (medians, means and throughput 10 %, P99 20 %)."""
+UNITS = {"s_per_flop": "s/FLOP", "s_per_byte": "s/byte"}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the sim's step-time parameters to a real server's calibration sweep; write a sim GPU profile",
+        description="Fit the sim to `loadlens experiment calibration-sweep` results, write a GPU profile, "
+        "replay each stage on the sim and print the errors (docs/calibration.md).",
+    )
+    p.add_argument("runs", nargs="+", help="experiment_result.json files or experiment directories")
+    p.add_argument("--model-profile", required=True, help="the served model as a sim model profile (name or YAML)")
+    p.add_argument("--profile", required=True, type=Path, help="the GPU profile YAML to write")
+    p.add_argument("--base-gpu-profile", default="h100-sxm",
+                   help="fields not fitted (memory, power, LoRA, thermal) come from this profile")  # fmt: skip
+    p.add_argument("--name", help="the written profile's name (default: the file's stem)")
+    p.add_argument("--hold-out", nargs="+", default=[], metavar="STAGE", help="stages left out of the fit")
+    p.add_argument("--fix", nargs="+", default=[], choices=PARAMS[1:], metavar="PARAM",
+                   help=f"hold parameters at 0 instead of fitting them ({', '.join(PARAMS[1:])})")  # fmt: skip
+    p.add_argument("--no-predict", action="store_true", help="fit and write only; no replay on the sim")
+    p.add_argument("--json", type=Path, help="also write the whole report as JSON to this file")
+    p.set_defaults(handler=run)
+
+
+def _load(paths: list[str]) -> list[Stage]:
+    stages: list[Stage] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            path = path / "experiment_result.json"
+        stages += read_stages(path)
+    names = [s.name for s in stages]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise CalibrationInputError(f"stage {dupes[0]} appears in more than one run (give one run per stage name)")
+    return stages
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def print_fit(result: FitResult, overhead: float | None) -> None:
+    print("\nstep-time parameters (modeled seconds):")
+    for p in PARAMS:
+        if p in result.not_identified:
+            print(f"  {p:<16} not identified: {result.not_identified[p]}")
+        else:
+            unit = UNITS.get(p, "s")
+            print(f"  {p:<16} {result.values[p]:.4g} {unit} ± {result.stderr[p]:.2g}")
+    print(f"  {'client_overhead_s':<16} {_num(overhead)} s (client mean E2E − vLLM mean E2E; not in the profile)")
+    print("\nfit rows (server means, ms): stage, observable, observed, fitted, residual")
+    for stage, obs, y, f in result.rows:
+        print(f"  {stage:<14} {obs:<13} {y * 1000:9.3f} {f * 1000:9.3f} {(f - y) / y * 100:+7.1f}%")
+
+
+def errors(real: dict[str, float], sim: dict[str, float | None]) -> dict[str, float | None]:
+    """(sim − real) / real per compared figure; None where either is missing or real is 0."""
+    out: dict[str, float | None] = {}
+    for key, _ in VIEWS["client"] + VIEWS["server"]:
+        r, s = real.get(key), sim.get(key)
+        out[key] = (s - r) / r if r and s is not None else None
+    return out
+
+
+def print_errors(rows: list[dict[str, object]], view: str) -> None:
+    cols = VIEWS[view]
+    print(f"\nper stage, {view} figures: real → sim (error)")
+    print(f"  {'stage':<14} {'set':<8} " + " ".join(f"{h:>24}" for _, h in cols))
+    for row in rows:
+        real, sim, err = row["real"], row["sim"], row["error"]
+        assert isinstance(real, dict) and isinstance(sim, dict) and isinstance(err, dict)
+        cells = [f"{_num(real.get(k))}→{_num(sim.get(k))} ({_pct(err.get(k))})" for k, _ in cols]
+        print(f"  {row['stage']!s:<14} {row['set']!s:<8} " + " ".join(f"{c:>24}" for c in cells))
+
+
+def goal_summary(rows: list[dict[str, object]], which: str) -> dict[str, float | None]:
+    """The largest |error| per goal figure over the stages of one set."""
+    worst: dict[str, float | None] = {}
+    for key in GOAL:
+        vals = []
+        for r in rows:
+            err = r["error"]
+            assert isinstance(err, dict)
+            if r["set"] == which and err.get(key) is not None:
+                vals.append(abs(err[key]))
+        worst[key] = max(vals) if vals else None
+    return worst
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        stages = _load(args.runs)
+        check_usable(stages)
+        model = load_model_profile(args.model_profile)
+        base = load_gpu_profile(args.base_gpu_profile)
+    except (CalibrationInputError, ProfileError) as err:
+        raise UsageError(str(err)) from err
+    known = {s.name for s in stages}
+    unknown = [h for h in args.hold_out if h not in known]
+    if unknown:
+        raise UsageError(f"--hold-out {unknown[0]}: no such stage (stages: {', '.join(sorted(known))})")
+    fit_stages = [s for s in stages if s.name not in args.hold_out]
+    if not fit_stages:
+        raise UsageError("--hold-out leaves no stage to fit")
+    _say(f"calibrate: {len(stages)} stages ({len(fit_stages)} fitted, {len(stages) - len(fit_stages)} held out)")
+    result = fit(model, fit_stages, fixed=args.fix, say=_say)
+    overhead = client_overhead_s(fit_stages)
+    print_fit(result, overhead)
+    name = args.name or args.profile.stem
+    source = (
+        f"fitted by loadlens calibrate on {datetime.now(UTC):%Y-%m-%d} to {', '.join(args.runs)} "
+        f"(stages {', '.join(s.name for s in fit_stages)}; model profile {model.name})"
+    )
+    try:
+        gpu = write_profile(result, base, args.profile, name, source)
+    except OSError as err:
+        raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
+    except ProfileError as err:
+        raise UsageError(f"the fitted profile does not load: {err}") from err
+    print(f"\nprofile: {args.profile} (loadlens serve --engine sim --model-profile {args.model_profile} "
+          f"--gpu-profile {args.profile})")  # fmt: skip
+    report: dict[str, object] = {
+        "stages": [s.name for s in stages],
+        "held_out": list(args.hold_out),
+        "parameters": result.values,
+        "stderr": result.stderr,
+        "not_identified": result.not_identified,
+        "client_overhead_s": overhead,
+        "rows": [{"stage": a, "observable": b, "observed_s": c, "fitted_s": d} for a, b, c, d in result.rows],
+        "profile": str(args.profile),
+    }
+    if not args.no_predict:
+        rows: list[dict[str, object]] = []
+        for i, s in enumerate(stages, 1):
+            _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({s.duration_s:.0f} s modeled)")
+            load = StageLoad(s.users, round(s.prompt_tokens), round(s.output_tokens), s.duration_s)
+            sim = replay(model, gpu, load, client_overhead_s=max(overhead or 0.0, 0.0)).figures
+            real = {**s.figures, **s.server_figures()}
+            rows.append({"stage": s.name, "set": "held-out" if s.name in args.hold_out else "fit",
+                         "real": real, "sim": sim, "error": errors(real, sim)})  # fmt: skip
+        print_errors(rows, "client")
+        print_errors(rows, "server")
+        report["predictions"] = rows
+        for which in ("fit", "held-out"):
+            worst = goal_summary(rows, which)
+            if all(v is None for v in worst.values()):
+                continue
+            report[f"worst_{which.replace('-', '_')}"] = worst
+            verdict = ", ".join(
+                f"{k} {_pct(v)} {'ok' if v is not None and v <= GOAL[k] else 'over'} (goal {GOAL[k] * 100:.0f}%)"
+                for k, v in worst.items()
+            )
+            print(f"\nworst |error| over {which} stages: {verdict}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"report: {args.json}")
+    return 0

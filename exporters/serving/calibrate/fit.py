@@ -1,0 +1,284 @@
+"""The step-time fit of ``loadlens calibrate`` (docs/calibration.md, *Method*).
+
+The model of one engine step is the sim's own (docs/sim-engine.md §2), with one fixed cost per step:
+
+    t = step_overhead + per_seq · seqs + max(s_per_flop · FLOPs, s_per_byte · bytes) + insertion · admits
+
+FLOPs and bytes are the roofline's for the model profile (2·P per token, the LM head per sampled row,
+attention pairs; the weights streamed once per step plus K and V read and written). Each stage gives two
+rows, both the server's own means over the stage (vLLM's histograms' ``_sum / _count``):
+
+- the mean prefill time (scheduled → first token): the admitting step, k prompts of P tokens (k from vLLM's
+  ``iteration_tokens_total`` buckets) beside R − k decodes, R the stage's mean running requests;
+- the mean inter-token latency: the admitting step and the decode-only step (R decodes at the mean context
+  P + (N − 1)/2), weighted by the decodes each carried over the stage.
+
+Weighted least squares on relative residuals (each row divided by its observation). The max is fitted by
+regimes: each step of a row is compute-bound or memory-bound, the linear fit is solved with that assignment,
+the steps are reassigned by the fitted terms and the fit repeated until nothing moves; from three starts
+(every step compute-bound, decode-only steps memory-bound, every step memory-bound), keeping the fit whose
+own formula leaves the smallest relative residuals. A parameter is *not
+identified* when its column is constant (one with the intercept; a term no step is bound by has a column of
+zeros), collinear with others (a singular value of the column-normalised design under ``COLLINEAR``), fitted
+below zero, or not determined by the data (its standard error above its value); it is then fixed at 0, the
+rest refitted, and reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporters.serving.calibrate.observations import Stage
+from exporters.serving.engines.sim import roofline
+from loadlens.contracts.engine_counters import bucket_counts
+from loadlens.contracts.model_profile import ModelProfile
+
+PARAMS = ("step_overhead_s", "per_seq_s", "s_per_flop", "s_per_byte", "insertion_s")
+COLLINEAR = 1e-6
+"""Smallest singular value (over the largest) of the column-normalised design that counts as independent."""
+MAX_REGIME_ROUNDS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """One step: sequences, FLOPs, bytes moved, whether it admits (fractions allowed: means over steps)."""
+
+    seqs: float
+    flops: float
+    bytes: float
+    admits: float
+
+    def features(self, memory_bound: bool) -> list[float]:
+        return [1.0, self.seqs, 0.0 if memory_bound else self.flops, self.bytes if memory_bound else 0.0,
+                self.admits]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """An observable: the weighted mean of one or more steps' durations."""
+
+    parts: tuple[tuple[float, StepShape], ...]
+
+    def features(self, bound: Sequence[bool]) -> list[float]:
+        total = sum(w for w, _ in self.parts)
+        out = [0.0] * len(PARAMS)
+        for (w, shape), memory in zip(self.parts, bound, strict=True):
+            for i, f in enumerate(shape.features(memory)):
+                out[i] += w / total * f
+        return out
+
+
+def _decode_seq(model: ModelProfile, context: float) -> tuple[float, float]:
+    """FLOPs and KV bytes of one decoding sequence at ``context`` cached tokens."""
+    flops = (
+        2.0 * roofline.linear_params(model)
+        + 2.0 * roofline.lm_head_params(model)
+        + 4.0 * model.layers * model.heads * model.head_dim * (context + 1)
+    )
+    return flops, roofline.kv_bytes_per_token(model) * (context + 1)
+
+
+def _prefill(model: ModelProfile, prompt: float) -> tuple[float, float]:
+    flops = (
+        2.0 * roofline.linear_params(model) * prompt
+        + 2.0 * roofline.lm_head_params(model)
+        + 4.0 * model.layers * model.heads * model.head_dim * prompt * (prompt + 1) / 2
+    )
+    return flops, roofline.kv_bytes_per_token(model) * prompt
+
+
+def mixed_step(model: ModelProfile, decodes: float, prefills: float, prompt: float, context: float) -> StepShape:
+    df, db = _decode_seq(model, context)
+    pf, pb = _prefill(model, prompt)
+    weights = float(roofline.streamed_weight_bytes(model, images=False))
+    admits = 1.0 if prefills > 0 else 0.0
+    return StepShape(decodes + prefills, decodes * df + prefills * pf, weights + decodes * db + prefills * pb, admits)
+
+
+def running(stage: Stage) -> float:
+    """Mean running requests: Little's law over vLLM's inference time (its gauge, sampled every 0.25 s, read
+    near 0 on the CPU rig between its short requests), else the users."""
+    return stage.server_figures().get("mean_running", float(stage.users))
+
+
+def admissions(stage: Stage) -> tuple[float, float]:
+    """(prompts admitted per step, prompts per admitting step). Equal requests in a closed loop move in
+    groups: several prompts join one step. The admitting steps are those whose token count (vLLM's
+    ``iteration_tokens_total`` buckets) is above the smallest bucket edge that holds a decode-only step (at
+    most ``users`` tokens); where that edge does not separate them (a prompt shorter than it), one prompt per
+    admitting step is assumed."""
+    steps = stage.counters.get("vllm:iteration_tokens_total_count") or 0.0
+    done = stage.counters.get("vllm:request_prefill_time_seconds_count") or 0.0
+    if not steps:
+        return 0.0, 1.0
+    per_step = done / steps
+    edges = [(edge, count) for edge, count in bucket_counts(stage.counters) if edge >= stage.users]
+    if edges and edges[0][0] < stage.prompt_tokens and steps > edges[0][1]:
+        return per_step, max(1.0, done / (steps - edges[0][1]))
+    return per_step, 1.0
+
+
+def stage_rows(model: ModelProfile, stage: Stage) -> list[tuple[str, Row, float]]:
+    """(observable, row, observed seconds) of a stage. An inter-token interval is one step that carried the
+    request as a decode: the mean ITL weights the admitting step (k prompts beside R − k decodes) and the
+    decode-only step (R decodes) by how many decodes each carried over the stage."""
+    r, (a, k) = running(stage), admissions(stage)
+    p, n = stage.prompt_tokens, stage.output_tokens
+    context = p + (n - 1) / 2
+    admitting = mixed_step(model, max(r - k, 0.0), k, p, context)
+    decoding = mixed_step(model, r, 0.0, p, context)
+    steps_a = a / k  # admitting steps per step
+    rows: list[tuple[str, Row, float]] = []
+    itl = stage.server_mean("vllm:inter_token_latency_seconds")
+    if itl is not None:
+        wa, wd = steps_a * max(r - k, 0.0), (1 - steps_a) * r
+        parts = tuple((w, shape) for w, shape in ((wa, admitting), (wd, decoding)) if w > 0) or ((1.0, decoding),)
+        rows.append(("mean ITL", Row(parts), itl))
+    prefill = stage.server_mean("vllm:request_prefill_time_seconds")
+    if prefill is not None:
+        rows.append(("mean prefill", Row(((1.0, admitting),)), prefill))
+    return rows
+
+
+@dataclass(slots=True)
+class FitResult:
+    values: dict[str, float]
+    """Every parameter; those not identified are 0."""
+    stderr: dict[str, float]
+    not_identified: dict[str, str] = field(default_factory=dict)
+    """Parameter -> why the data could not identify it."""
+    rows: list[tuple[str, str, float, float]] = field(default_factory=list)
+    """(stage, observable, observed s, fitted s)."""
+    memory_bound_steps: int = 0
+    """Steps of the rows the fitted terms make memory-bound (the rest compute-bound)."""
+
+    def step(self, shape: StepShape) -> float:
+        v = self.values
+        busy = max(v["s_per_flop"] * shape.flops, v["s_per_byte"] * shape.bytes)
+        return v["step_overhead_s"] + v["per_seq_s"] * shape.seqs + busy + v["insertion_s"] * shape.admits
+
+    def predict(self, row: Row) -> float:
+        total = sum(w for w, _ in row.parts)
+        return sum(w / total * self.step(shape) for w, shape in row.parts)
+
+    def bound(self, row: Row) -> list[bool]:
+        v = self.values
+        return [v["s_per_byte"] * shape.bytes > v["s_per_flop"] * shape.flops for _, shape in row.parts]
+
+
+def _solve(x: np.ndarray, y: np.ndarray, free: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    xs = x[:, free]
+    coef, *_ = np.linalg.lstsq(xs, y, rcond=None)
+    dof = len(y) - len(free)
+    resid = y - xs @ coef
+    sigma2 = float(resid @ resid) / dof if dof > 0 else float("nan")
+    try:
+        cov = np.linalg.inv(xs.T @ xs) * sigma2
+        se = np.sqrt(np.abs(np.diag(cov)))
+    except np.linalg.LinAlgError:
+        se = np.full(len(free), float("inf"))
+    return coef, se
+
+
+def _linear(x: np.ndarray, y: np.ndarray, fixed: Sequence[str], say: Callable[[str], None]) -> FitResult:
+    """The identification rounds on one design (rows already divided by their observations)."""
+    scale = np.linalg.norm(x, axis=0)
+    scale[scale == 0] = 1.0
+    xn = x / scale
+    why: dict[str, str] = {p: "held at 0 (--fix)" for p in fixed}
+    free = [i for i, p in enumerate(PARAMS) if p not in why]
+    for i in list(free[1:]):
+        col = x[:, i] / x[:, 0]  # the rows' own values (x is divided by the observations, column 0 is 1/y)
+        if not col.any():
+            why[PARAMS[i]] = "no step of the data is bound by this term (its column is 0)"
+            free.remove(i)
+        elif np.allclose(col, col[0], rtol=1e-9, atol=0.0):
+            why[PARAMS[i]] = f"its column is constant ({col[0]:.4g} in every row): one with step_overhead_s"
+            free.remove(i)
+    rounds = 0
+    while free:
+        rounds += 1
+        say(f"calibrate: fit round {rounds}: {len(free)} parameters, {len(y)} rows")
+        _, s, vt = np.linalg.svd(xn[:, free], full_matrices=False)
+        if s[-1] < COLLINEAR * s[0]:
+            weakest = np.abs(vt[-1]) * (np.array(free) != 0)
+            drop = free[int(np.argmax(weakest))]
+            names = [PARAMS[free[j]] for j in np.argsort(-np.abs(vt[-1])) if abs(vt[-1][j]) > 0.1]
+            why[PARAMS[drop]] = f"collinear with {', '.join(n for n in names if n != PARAMS[drop]) or 'the rest'}"
+            free.remove(drop)
+            continue
+        coef, se = _solve(xn, y, free)
+        negative = [(c, j) for j, c in enumerate(coef) if c < 0 and free[j] != 0]
+        if negative:
+            _, j = min(negative)
+            why[PARAMS[free[j]]] = f"fitted below zero ({coef[j] / scale[free[j]]:.3g}): set to 0"
+            free.pop(j)
+            continue
+        loose = [(se[j] / c, j) for j, c in enumerate(coef) if free[j] != 0 and c > 0 and se[j] > c]
+        if loose:
+            _, j = max(loose)
+            value, err = coef[j] / scale[free[j]], se[j] / scale[free[j]]
+            why[PARAMS[free[j]]] = f"not determined by the data ({value:.3g} ± {err:.3g})"
+            free.pop(j)
+            continue
+        break
+    values = dict.fromkeys(PARAMS, 0.0)
+    stderr = dict.fromkeys(PARAMS, 0.0)
+    if free:
+        coef, se = _solve(xn, y, free)
+        for j, i in enumerate(free):
+            values[PARAMS[i]] = float(coef[j] / scale[i])
+            stderr[PARAMS[i]] = float(se[j] / scale[i])
+    return FitResult(values, stderr, {p: why[p] for p in PARAMS if p in why})
+
+
+def fit(
+    model: ModelProfile,
+    stages: Sequence[Stage],
+    fixed: Sequence[str] = (),
+    say: Callable[[str], None] = lambda _: None,
+) -> FitResult:
+    """Least squares over the stages' rows in the sim's formula; ``fixed`` parameters are held at 0."""
+    labelled = [(s.name, obs, row, y) for s in stages for obs, row, y in stage_rows(model, s)]
+    y = np.array([obs for *_, obs in labelled], dtype=float)
+    rows = [row for _, _, row, _ in labelled]
+    starts = {
+        "every step compute-bound": [[False] * len(r.parts) for r in rows],
+        "decode-only steps memory-bound": [[shape.admits == 0 for _, shape in r.parts] for r in rows],
+        "every step memory-bound": [[True] * len(r.parts) for r in rows],
+    }
+    best: tuple[float, FitResult] | None = None
+    for label, bound in starts.items():
+        seen: list[list[list[bool]]] = []
+        for regime_round in range(1, MAX_REGIME_ROUNDS + 1):
+            if bound in seen:
+                break
+            seen.append(bound)
+            say(f"calibrate: start '{label}', regime round {regime_round}: {sum(map(sum, bound))} memory-bound steps")
+            x = np.array([r.features(b) for r, b in zip(rows, bound, strict=True)])
+            result = _linear(x / y[:, None], np.ones(len(y)), fixed, say)
+            bound = [result.bound(r) for r in rows]
+        residual = sum((result.predict(r) / yv - 1) ** 2 for r, yv in zip(rows, y, strict=True))
+        if best is None or residual < best[0] - 1e-12:
+            best = (residual, result)
+    assert best is not None
+    result = best[1]
+    result.memory_bound_steps = sum(map(sum, (result.bound(r) for r in rows)))
+    result.rows = [(name, obs, yv, result.predict(row)) for name, obs, row, yv in labelled]
+    return result
+
+
+def client_overhead_s(stages: Sequence[Stage]) -> float | None:
+    """Mean over stages of the client's mean E2E minus vLLM's mean E2E: the time a request spends outside
+    vLLM's own measure (HTTP, the API server before its arrival stamp, delivery to the client, the client's
+    turnaround); None without data."""
+    gaps = []
+    for s in stages:
+        server = s.server_mean("vllm:e2e_request_latency_seconds")
+        client = s.figures.get("mean_e2el_ms")
+        if server is not None and client:
+            gaps.append(client / 1000 - server)
+    return sum(gaps) / len(gaps) if gaps else None

@@ -1,0 +1,159 @@
+"""What ``loadlens calibrate`` reads: one :class:`Stage` per finished trial of an ``experiment_result.json``
+(``loadlens experiment calibration-sweep``, or any experiment whose trials are closed-loop stages of fixed
+prompt and output lengths), with the client's figures and the server's engine counter increases
+(loadlens/contracts/engine_counters.py). docs/calibration.md, *Input*."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadlens.contracts.engine_counters import SPAN
+from loadlens.contracts.experiment_result import ExperimentResult
+
+MIN_REQUESTS = 20
+"""A stage with fewer completed requests is refused: its medians and means say too little."""
+
+CLIENT_FIGURES = (
+    "mean_ttft_ms", "mean_e2el_ms", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms",
+    "median_e2el_ms", "p99_e2el_ms", "output_throughput",
+)  # fmt: skip
+"""The client's figures read per stage (``benchmark_result.json``'s ``overall``)."""
+
+
+class CalibrationInputError(ValueError):
+    """Unusable input: one line, the CLI exits 2."""
+
+
+@dataclass(slots=True)
+class Stage:
+    name: str
+    users: int
+    prompt_tokens: float
+    """Mean prompt tokens per request as the server counted them (usage)."""
+    output_tokens: float
+    duration_s: float
+    completed: int
+    figures: dict[str, float] = field(default_factory=dict)
+    """CLIENT_FIGURES present in the run (ms, tok/s, requests)."""
+    counters: dict[str, float] = field(default_factory=dict)
+    """Engine counter increases over the measured window (vLLM's names)."""
+
+    def server_figures(self) -> dict[str, float]:
+        """The server's own figures over the window: vLLM's histogram means (ms), its output token rate
+        and Little's law's mean running requests (inference time over the window)."""
+        return server_figures(self.counters, self.counters.get(SPAN, self.duration_s))
+
+    def server_mean(self, histogram: str) -> float | None:
+        """``_sum / _count`` of a vLLM histogram's increase, seconds; None without samples."""
+        total, count = self.counters.get(f"{histogram}_sum"), self.counters.get(f"{histogram}_count")
+        return total / count if total is not None and count else None
+
+
+SERVER_FIGURES = {
+    "server_mean_ttft_ms": "vllm:time_to_first_token_seconds",
+    "server_mean_itl_ms": "vllm:inter_token_latency_seconds",
+    "server_mean_e2el_ms": "vllm:e2e_request_latency_seconds",
+    "server_mean_queue_ms": "vllm:request_queue_time_seconds",
+    "server_mean_prefill_ms": "vllm:request_prefill_time_seconds",
+}
+"""Figure -> the vLLM histogram whose mean (``_sum / _count``, ms) it is."""
+
+
+def server_figures(counters: dict[str, float], duration_s: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, hist in SERVER_FIGURES.items():
+        total, count = counters.get(f"{hist}_sum"), counters.get(f"{hist}_count")
+        if total is not None and count:
+            out[key] = total / count * 1000
+    gen = counters.get("vllm:generation_tokens_total")
+    if gen is not None and duration_s > 0:
+        out["server_output_throughput"] = gen / duration_s
+    inference = counters.get("vllm:request_inference_time_seconds_sum")
+    if inference is not None and duration_s > 0:
+        out["mean_running"] = inference / duration_s
+    return out
+
+
+def _stat(trial_figures: dict[str, object], key: str) -> float | None:
+    stat = trial_figures.get(key)
+    mean = getattr(stat, "mean", None)
+    return float(mean) if isinstance(mean, int | float) else None
+
+
+def read_stages(path: Path) -> list[Stage]:
+    """The stages of one experiment result; raises :class:`CalibrationInputError` for a file that is not one,
+    one without finished trials, or a trial that is not a closed-loop stage (no ``users`` parameter)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CalibrationInputError(f"{path}: no such file") from None
+    except (OSError, ValueError) as err:
+        raise CalibrationInputError(f"{path}: not valid JSON ({err})") from None
+    if isinstance(doc, dict) and "trials" not in doc and "stages" in doc:
+        raise CalibrationInputError(
+            f"{path}: a benchmark_result.json; calibrate reads an experiment_result.json "
+            "(loadlens experiment calibration-sweep), whose runs carry the server's counters"
+        )
+    try:
+        result = ExperimentResult.model_validate(doc)
+    except ValueError as err:
+        first = str(err).splitlines()[0]
+        raise CalibrationInputError(f"{path}: not an experiment_result.json ({first})") from None
+    stages: list[Stage] = []
+    for trial in result.trials:
+        runs = [r for r in trial.runs if r.error is None and r.completed]
+        if trial.status != "done" or not runs:
+            continue
+        users = trial.params.get("users")
+        if not isinstance(users, int | float):
+            raise CalibrationInputError(
+                f"{path}: trial {trial.name} has no 'users' parameter (not a closed-loop stage)"
+            )
+        figs: dict[str, float] = {}
+        for key in CLIENT_FIGURES:
+            value = _stat(dict(trial.figures), key)
+            if value is not None:
+                figs[key] = value
+        counters: dict[str, float] = {}
+        for run in runs:
+            for name, value in run.server.engine_counters.items():
+                counters[name] = counters.get(name, 0.0) + value
+        completed = int(sum(r.figures.get("completed") or 0 for r in runs))
+        prompt = sum(r.figures.get("total_input_tokens") or 0 for r in runs)
+        output = sum(r.figures.get("total_output_tokens") or 0 for r in runs)
+        duration = sum(r.figures.get("duration") or 0 for r in runs)
+        stages.append(
+            Stage(
+                name=trial.name,
+                users=int(users),
+                prompt_tokens=prompt / completed if completed else 0.0,
+                output_tokens=output / completed if completed else 0.0,
+                duration_s=duration / len(runs),
+                completed=completed,
+                figures=figs,
+                counters=counters,
+            )
+        )
+    if not stages:
+        raise CalibrationInputError(f"{path}: no finished stage (no trial with a completed run)")
+    return stages
+
+
+def check_usable(stages: list[Stage]) -> None:
+    """Every stage has server series and enough requests; raises :class:`CalibrationInputError`."""
+    for s in stages:
+        if s.completed < MIN_REQUESTS:
+            raise CalibrationInputError(
+                f"stage {s.name}: {s.completed} completed requests, too few (at least {MIN_REQUESTS})"
+            )
+        if s.server_mean("vllm:inter_token_latency_seconds") is None or (
+            s.server_mean("vllm:request_prefill_time_seconds") is None
+        ):
+            raise CalibrationInputError(
+                f"stage {s.name}: no server series (vllm:inter_token_latency_seconds and "
+                "vllm:request_prefill_time_seconds increases); run the sweep against a server exporting vLLM's /metrics"
+            )
+        if s.output_tokens < 2:
+            raise CalibrationInputError(f"stage {s.name}: fewer than 2 output tokens per request (no decode steps)")

@@ -1,0 +1,212 @@
+"""Runs the sim engine over a stage's load in virtual time: ``users`` closed-loop users, each sending requests
+of ``prompt`` tokens asking ``output`` tokens (ignore_eos) one after another, for ``duration`` modeled
+seconds after a warmup. No HTTP and no wall clock: the loop's clock jumps to the engine's next deadline
+whenever nothing is ready, so the figures are the model's, whatever the machine's load, and a 20 s stage
+replays in a fraction of a second (docs/calibration.md, *Prediction*).
+
+The figures have the sweep's names: client-side TTFT, ITL (a step carrying k tokens after a gap g gives k
+samples of g/k, as loadgen counts them), E2E (medians and P99s, ms), output throughput (tokens/s over the
+measured window); and the server's figures from the sim's own ``vllm:`` series over the window, computed as
+calibrate computes them from the real server's (observations.server_figures: histogram means, output tokens
+per second, Little's law's mean running requests). ``client_overhead_s`` is added to every request's TTFT and E2E,
+and to the think time between a user's requests (the time outside the engine that the real client saw).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import selectors
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporters.serving.calibrate.observations import server_figures
+from exporters.serving.engine import GenerationRequest, SamplingParams
+from exporters.serving.engines.sim import SimEngine
+from exporters.serving.engines.sim.profile import GPUProfile
+from loadlens.contracts.engine_counters import SPAN, counter_increases, parse_engine_counters
+from loadlens.contracts.model_profile import ModelProfile
+
+START = 1000.0
+"""Virtual seconds at the start (not 0: a zero mark would read as unset)."""
+
+
+class _JumpSelector(selectors.DefaultSelector):
+    def __init__(self, loop: _VirtualLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:
+            return super().select(None)
+        self._loop.now += timeout
+        return []
+
+
+class _VirtualLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        self.now = START
+        super().__init__(_JumpSelector(self))
+
+    def time(self) -> float:
+        return self.now
+
+
+def _resolve(fut: asyncio.Future[float], when: float) -> None:
+    if not fut.done():
+        fut.set_result(when)
+
+
+class _LoopTimer:
+    """The engine's timer on ``loop.call_at`` (fires exactly at ``when`` on the virtual loop)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._handle: asyncio.TimerHandle | None = None
+
+    def sleep_until(self, when: float) -> asyncio.Future[float]:
+        fut: asyncio.Future[float] = self._loop.create_future()
+        self.close()
+        self._handle = self._loop.call_at(when, _resolve, fut, when)
+        return fut
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+def _word(i: int) -> str:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return letters[i // 676 % 26] + letters[i // 26 % 26] + letters[i % 26]
+
+
+def prompt_text(tokens: int, salt: int) -> str:
+    """Text the sim's tokenizer counts as ``tokens`` tokens (three-letter words), different per salt so that
+    prompts share no prefix-cache block (the sweep's prompts are random text)."""
+    return " ".join(_word(salt * 7919 + i) for i in range(tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class StageLoad:
+    users: int
+    prompt: int
+    output: int
+    duration_s: float
+    warmup_s: float = 2.0
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between order statistics (numpy's default), None when empty."""
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def _counters(registry: CollectorRegistry, now: float) -> tuple[float, dict[str, float]]:
+    return now, parse_engine_counters(generate_latest(registry).decode())
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    figures: dict[str, float | None]
+    """Client-side and server-side figures, by the sweep's keys."""
+    counters: dict[str, float]
+    """The sim's engine counter increases over the window (vLLM's names)."""
+
+
+async def _replay(
+    model: ModelProfile, gpu: GPUProfile, load: StageLoad, knobs: dict[str, object], overhead_s: float
+) -> Replayed:
+    loop = asyncio.get_running_loop()
+    registry = CollectorRegistry()
+    engine = SimEngine(model, gpu, registry=registry, served_model_name="tiny-replay", speed=1.0, seed=0,
+                       jitter=0.0, knobs=knobs, clock=loop.time, timer=_LoopTimer)  # fmt: skip
+    await engine.start()
+    t0 = loop.time() + load.warmup_s
+    t1 = t0 + load.duration_s
+    ttft: list[float] = []
+    itl: list[float] = []
+    e2e: list[float] = []
+    tokens_in_window = 0
+    counter = 0
+
+    async def user(uid: int) -> None:
+        nonlocal tokens_in_window, counter
+        await asyncio.sleep(uid * 1e-4)  # the users' first requests do not land on one instant
+        while loop.time() < t1:
+            counter += 1
+            rid = counter
+            sent = loop.time()
+            await asyncio.sleep(overhead_s)  # the time outside the engine, before arrival
+            req = GenerationRequest(
+                request_id=f"r{rid}", endpoint="completions", model="tiny-replay",
+                prompt=prompt_text(load.prompt, rid), image_count=0,
+                sampling=SamplingParams(max_tokens=load.output, temperature=0.0, ignore_eos=True),
+                arrival_time=loop.time(),
+            )  # fmt: skip
+            stream = await engine.generate(req)
+            last = None
+            first = None
+            gaps: list[float] = []
+            async for event in stream:
+                now = loop.time()
+                if t0 <= now <= t1:
+                    tokens_in_window += event.new_tokens
+                if first is None:
+                    first = now
+                elif last is not None and event.new_tokens:
+                    gaps += [(now - last) / event.new_tokens] * event.new_tokens
+                last = now
+            if first is None or last is None:
+                continue
+            if sent >= t0 and last <= t1:
+                ttft.append(first - sent)
+                e2e.append(last - sent)
+                itl.extend(gaps)
+
+    users = [asyncio.create_task(user(i)) for i in range(load.users)]
+    await asyncio.sleep(max(0.0, t0 - loop.time()))
+    before = _counters(registry, t0)
+    await asyncio.sleep(max(0.0, t1 - loop.time()))
+    after = _counters(registry, t1)
+    await asyncio.gather(*users)
+    await engine.stop()
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else value * 1000
+
+    figures: dict[str, float | None] = {
+        "mean_ttft_ms": ms(sum(ttft) / len(ttft)) if ttft else None,
+        "mean_e2el_ms": ms(sum(e2e) / len(e2e)) if e2e else None,
+        "median_ttft_ms": ms(_quantile(ttft, 0.5)),
+        "p99_ttft_ms": ms(_quantile(ttft, 0.99)),
+        "median_itl_ms": ms(_quantile(itl, 0.5)),
+        "p99_itl_ms": ms(_quantile(itl, 0.99)),
+        "median_e2el_ms": ms(_quantile(e2e, 0.5)),
+        "p99_e2el_ms": ms(_quantile(e2e, 0.99)),
+        "output_throughput": tokens_in_window / load.duration_s,
+        "completed": float(len(e2e)),
+    }
+    counters = counter_increases([before, after], [(t0, t1)])
+    figures.update(server_figures(counters, counters.get(SPAN, load.duration_s)))
+    return Replayed(figures, counters)
+
+
+def replay(
+    model: ModelProfile,
+    gpu: GPUProfile,
+    load: StageLoad,
+    knobs: dict[str, object] | None = None,
+    client_overhead_s: float = 0.0,
+) -> Replayed:
+    """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop)."""
+    with asyncio.Runner(loop_factory=_VirtualLoop) as runner:
+        return runner.run(_replay(model, gpu, load, dict(knobs or {}), client_overhead_s))

@@ -1,0 +1,101 @@
+"""Known answers for the calibration tests: a sim with hidden step-time parameters, run over calibration
+stages in virtual time, observed as calibrate observes a real server (its ``vllm:`` counters, its client
+figures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporters.serving.calibrate.fit import FitResult
+from exporters.serving.calibrate.observations import Stage
+from exporters.serving.calibrate.profile_out import write_profile
+from exporters.serving.calibrate.replay import StageLoad, replay
+from loadlens.contracts.gpu_profile import GPUProfile, load_gpu_profile
+from loadlens.contracts.model_profile import ModelProfile, load_model_profile
+from tests.support.paths import ROOT
+
+MODEL = ROOT / "benchmarks" / "calibration" / "tiny-llama.yaml"
+HIDDEN = {
+    "step_overhead_s": 0.0021,
+    "per_seq_s": 0.00013,
+    "s_per_flop": 2.5e-11,
+    "s_per_byte": 0.0,
+    "insertion_s": 0.0014,
+}
+"""The hidden parameters, far from any packaged profile: a 2.1 ms step, 0.13 ms per sequence, 40 GFLOP/s,
+1.4 ms per admitting step, and no memory term (the profile's bandwidth is written as free, so every step is
+compute-bound, as the CPU rig's fit finds)."""
+
+LOADS = {
+    "c1-p240": StageLoad(1, 240, 48, 4.0, warmup_s=0.5),
+    "c3-p240": StageLoad(3, 240, 48, 4.0, warmup_s=0.5),
+    "c6-p240": StageLoad(6, 240, 48, 4.0, warmup_s=0.5),
+    "p40-c2": StageLoad(2, 40, 48, 4.0, warmup_s=0.5),
+    "p600-c2": StageLoad(2, 600, 48, 4.0, warmup_s=0.5),
+    "p360-c4": StageLoad(4, 360, 48, 4.0, warmup_s=0.5),
+}
+
+
+def model() -> ModelProfile:
+    return load_model_profile(str(MODEL))
+
+
+def hidden_profile(tmp: Path) -> GPUProfile:
+    fit = FitResult(values=dict(HIDDEN), stderr=dict.fromkeys(HIDDEN, 0.0))
+    return write_profile(fit, load_gpu_profile("h100-sxm"), tmp / "hidden.yaml", "hidden", "known-answer test")
+
+
+def observe(gpu: GPUProfile, names: list[str]) -> list[Stage]:
+    """Each stage as calibrate reads a sweep's trial: client figures and engine counter increases."""
+    stages = []
+    for name in names:
+        load = LOADS[name]
+        got = replay(model(), gpu, load)
+        figs = {k: v for k, v in got.figures.items() if v is not None}
+        stages.append(
+            Stage(
+                name,
+                load.users,
+                float(load.prompt),
+                float(load.output),
+                load.duration_s,
+                int(figs["completed"]),
+                figs,
+                got.counters,
+            )  # fmt: skip
+        )
+    return stages
+
+
+def experiment_doc(stages: list[Stage]) -> dict[str, object]:
+    """An ``experiment_result.json`` whose trials are these stages, as a calibration sweep writes it."""
+    from loadlens.contracts.experiment_result import (
+        ExperimentInfo,
+        ExperimentResult,
+        Scalar,
+        ServerInfo,
+        ServerSample,
+        Stat,
+        Trial,
+        TrialRun,
+    )  # fmt: skip
+
+    trials = []
+    for i, s in enumerate(stages):
+        figures: dict[str, float | None] = dict(s.figures)
+        figures.update(completed=float(s.completed), duration=s.duration_s,
+                       total_input_tokens=s.prompt_tokens * s.completed,
+                       total_output_tokens=s.output_tokens * s.completed)  # fmt: skip
+        run = TrialRun(repeat=1, run_id="r1", result_path=f"trials/{s.name}/r1/benchmark_result.json",
+                       log_path=f"trials/{s.name}/r1/load.log", exit_code=0, completed=True, start_timestamp=0.0,
+                       end_timestamp=s.duration_s, duration_s=s.duration_s, figures=figures,
+                       server=ServerSample(engine_counters=dict(s.counters)))  # fmt: skip
+        stats = {k: Stat(mean=v, n=1, values=[v]) for k, v in figures.items() if v is not None}
+        params: dict[str, Scalar] = {"users": s.users, "prompt_tokens": round(s.prompt_tokens)}
+        trials.append(Trial(index=i, name=s.name, params=params, profile="closed", status="done", runs=[run],
+                            figures=stats))  # fmt: skip
+    info = ExperimentInfo(name="calibration-sweep", source="calibration-sweep.yaml", sha256="0" * 64, repeats=1,
+                          time_scale=1.0, users_scale=1.0, analysis="table")  # fmt: skip
+    result = ExperimentResult(run_id="known", experiment=info, server=ServerInfo(mode="sim"), start_time="t",
+                              trials=trials, completed=True)  # fmt: skip
+    return result.dump()

@@ -1,0 +1,80 @@
+"""``loadlens calibrate`` end to end on a sweep result written from known-answer stages, and its one-line
+errors (exit 2) for unusable input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadlens.cli import main
+from loadlens.contracts.gpu_profile import load_gpu_profile
+from tests.calibrate.known import MODEL, experiment_doc, hidden_profile, observe
+
+STAGES = ["c1-p240", "c6-p240", "p40-c2", "p600-c2", "p360-c4"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("sweep")
+    stages = observe(hidden_profile(tmp), STAGES)
+    (tmp / "experiment_result.json").write_text(json.dumps(experiment_doc(stages)))
+    return tmp
+
+
+def test_calibrate_writes_a_profile_and_prints_every_stage(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
+    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
+                 "--hold-out", "p360-c4", "--json", str(report)])  # fmt: skip
+    assert code == 0
+    profile = load_gpu_profile(str(out))
+    assert profile.name == "fitted" and profile.layer_overhead_seconds == 0.0
+    assert profile.default_knobs["insertion_overhead_us"] > 0
+    doc = json.loads(report.read_text())
+    assert [r["stage"] for r in doc["predictions"]] == STAGES
+    assert [r["set"] for r in doc["predictions"]] == ["fit"] * 4 + ["held-out"]
+    assert set(doc["not_identified"]) == {"s_per_byte"}
+    printed = capsys.readouterr().out
+    assert "s_per_byte       not identified: no step of the data is bound by this term" in printed
+    assert "worst |error| over held-out stages:" in printed
+
+
+def _code_and_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_unusable_input_exits_2_with_one_line(sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model-profile", str(MODEL), "--profile", str(tmp_path / "p.yaml")]
+    doc = json.loads((sweep / "experiment_result.json").read_text())
+
+    def write(name: str, body: object) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps(body))
+        return str(path)
+
+    no_stages = write("none.json", {**doc, "trials": []})
+    assert _code_and_error(["calibrate", no_stages, *base], capsys) == (
+        2, f"loadlens calibrate: error: {no_stages}: no finished stage (no trial with a completed run)")  # fmt: skip
+    bare = json.loads(json.dumps(doc))
+    for trial in bare["trials"]:
+        trial["runs"][0]["server"]["engine_counters"] = {}
+    assert _code_and_error(["calibrate", write("bare.json", bare), *base], capsys) == (
+        2,
+        "loadlens calibrate: error: stage c1-p240: no server series (vllm:inter_token_latency_seconds and "
+        "vllm:request_prefill_time_seconds increases); run the sweep against a server exporting vLLM's /metrics",
+    )
+    few = json.loads(json.dumps(doc))
+    few["trials"][1]["runs"][0]["figures"]["completed"] = 12
+    assert _code_and_error(["calibrate", write("few.json", few), *base], capsys) == (
+        2, "loadlens calibrate: error: stage c6-p240: 12 completed requests, too few (at least 20)")  # fmt: skip
+    bench = write("benchmark_result.json", {"run": {}, "stages": [], "overall": {}})
+    assert _code_and_error(["calibrate", bench, *base], capsys)[1].endswith(
+        "a benchmark_result.json; calibrate reads an experiment_result.json (loadlens experiment "
+        "calibration-sweep), whose runs carry the server's counters")  # fmt: skip
+    assert _code_and_error(["calibrate", str(sweep), *base, "--hold-out", "c9"], capsys) == (
+        2, "loadlens calibrate: error: --hold-out c9: no such stage (stages: c1-p240, c6-p240, p360-c4, p40-c2, "
+        "p600-c2)")  # fmt: skip
