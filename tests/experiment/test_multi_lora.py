@@ -24,6 +24,7 @@ import pytest
 
 from exporters.probe.probe import Probe
 from exporters.serving.engine import LoRARequest
+from exporters.serving.engines.sim.virtual_time import run_virtual
 from loadlens.contracts.allocator_math import AllocatorReading
 from loadlens.contracts.experiment_result import (
     ExperimentInfo,
@@ -48,7 +49,6 @@ from loadlens.experiment.device import (
 from loadlens.experiment.models import Analysis, ExperimentError, expand_adapters, expand_trials, parse_experiment
 from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
 from tests.sim.helpers import collect, make_engine, now, prompt_of, request, sample, write_adapter
-from tests.sim.virtual_time import run_virtual
 from tests.support.paths import ROOT
 
 BLOCK = 1_200_128  # 1 200 000 B rounded up to 512 B

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from exporters.serving.engine import GenerationRequest, LoRARequest, OutputEvent, RequestStream, SamplingParams
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
-from tests.sim.virtual_time import LoopTimer, running_virtual_loop
+from exporters.serving.engines.sim.virtual_time import LoopTimer, running_virtual_loop
 
 T = TypeVar("T")
 
@@ -78,7 +78,7 @@ def make_engine(
     enable_mfu_metrics: bool = False,
     **knobs: Any,
 ) -> tuple[SimEngine, CollectorRegistry]:
-    """On a virtual-time loop (tests/sim/virtual_time.py) the engine runs on that loop's clock and timers."""
+    """On a virtual-time loop (engines/sim/virtual_time.py) the engine runs on that loop's clock and timers."""
     reg = registry if registry is not None else CollectorRegistry()
     loop = running_virtual_loop()
     virtual: dict[str, Any] = {} if loop is None else {"clock": loop.time, "timer": LoopTimer}

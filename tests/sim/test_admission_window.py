@@ -21,10 +21,10 @@ from exporters.serving.engines.sim.knobs import Knobs, merge
 from exporters.serving.engines.sim.sched_types import SchedRequest, SchedulerConfig
 from exporters.serving.engines.sim.scheduler import Scheduler
 from exporters.serving.engines.sim.step_pricing import price_step
+from exporters.serving.engines.sim.virtual_time import run_virtual
 from loadlens.experiment.analysis.fits import fit_u_curve
 from tests.sim.helpers import collect, make_engine, prompt_of, request
 from tests.sim.roofline_shapes import decode_shape
-from tests.sim.virtual_time import run_virtual
 
 EXACT = 1e-9  # float error of differences of clock readings
 
@@ -87,7 +87,7 @@ def test_admission_window_gathers_arrivals_while_the_batch_runs() -> None:
     """A long request is decoding (Llama-8B steps: ~0.4 ms at speed 20); two more arrive 5 ms apart. In
     `admission` mode both wait for the window (0.5 s modeled = 25 ms at speed 20) and join in one step; in
     `idle` mode each joins at the next step after its arrival, so the first before the second arrives. Virtual
-    time (tests/sim/virtual_time.py): the 5 ms are exact and the loop keeps time, so the bounds are a step."""
+    time (engines/sim/virtual_time.py): the 5 ms are exact and the loop keeps time, so the bounds are a step."""
     model = "deepseek-r1-distill-llama-8b"
     # A waiting request joins at the first step boundary after it may: within one decode step of ``long``,
     # the longest of which is its last (context 16 + 1000 tokens).

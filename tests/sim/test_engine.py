@@ -2,7 +2,7 @@
 
 The engine's marks are delivery instants on its clock: the roofline figures (previous deadline + modeled
 duration / speed) plus how late the loop woke. Tests that assert instants or anything that depends on when
-things happen run on virtual time (``run_virtual``, tests/sim/virtual_time.py), where the loop wakes exactly at
+things happen run on virtual time (``run_virtual``, engines/sim/virtual_time.py), where the loop wakes exactly at
 its deadlines and the test's own sleeps are exact, so marks equal the modeled instants however busy the
 machine is; on the real clock a test asserts only that no mark is before its modeled instant. Every latency
 series is checked exactly against the marks. Scenarios that must batch deterministically on the real clock
@@ -22,6 +22,7 @@ import pytest
 from exporters.serving.engine import EngineError, ErrorKind, FinishReason, LoRARequest
 from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile, roofline
 from exporters.serving.engines.sim.roofline import BatchShape, attn_pairs, step_cost
+from exporters.serving.engines.sim.virtual_time import run_virtual
 from loadlens.contracts import mfu, model_config
 from loadlens.contracts.device_state import DeviceState
 from tests.sim.helpers import (
@@ -37,7 +38,6 @@ from tests.sim.helpers import (
     write_adapter,
 )
 from tests.sim.roofline_shapes import decode_shape, prefill_shape
-from tests.sim.virtual_time import run_virtual
 
 WINDOW_US = 1e6  # 1 s modeled: with speed <= 50 that is >= 20 ms of wall time to submit a script in
 EXACT = 1e-9

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import selectors
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -25,59 +24,9 @@ from exporters.serving.calibrate.observations import server_figures
 from exporters.serving.engine import GenerationRequest, SamplingParams
 from exporters.serving.engines.sim import SimEngine
 from exporters.serving.engines.sim.profile import GPUProfile
+from exporters.serving.engines.sim.virtual_time import LoopTimer, VirtualTimeLoop
 from loadlens.contracts.engine_counters import SPAN, counter_increases, parse_engine_counters
 from loadlens.contracts.model_profile import ModelProfile
-
-START = 1000.0
-"""Virtual seconds at the start (not 0: a zero mark would read as unset)."""
-
-
-class _JumpSelector(selectors.DefaultSelector):
-    def __init__(self, loop: _VirtualLoop) -> None:
-        super().__init__()
-        self._loop = loop
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = super().select(0)
-        if ready or timeout == 0:
-            return ready
-        if timeout is None:
-            return super().select(None)
-        self._loop.now += timeout
-        return []
-
-
-class _VirtualLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
-        self.now = START
-        super().__init__(_JumpSelector(self))
-
-    def time(self) -> float:
-        return self.now
-
-
-def _resolve(fut: asyncio.Future[float], when: float) -> None:
-    if not fut.done():
-        fut.set_result(when)
-
-
-class _LoopTimer:
-    """The engine's timer on ``loop.call_at`` (fires exactly at ``when`` on the virtual loop)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._handle: asyncio.TimerHandle | None = None
-
-    def sleep_until(self, when: float) -> asyncio.Future[float]:
-        fut: asyncio.Future[float] = self._loop.create_future()
-        self.close()
-        self._handle = self._loop.call_at(when, _resolve, fut, when)
-        return fut
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
 
 def _word(i: int) -> str:
@@ -128,7 +77,7 @@ async def _replay(
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
     engine = SimEngine(model, gpu, registry=registry, served_model_name="tiny-replay", speed=1.0, seed=0,
-                       jitter=0.0, knobs=knobs, clock=loop.time, timer=_LoopTimer)  # fmt: skip
+                       jitter=0.0, knobs=knobs, clock=loop.time, timer=LoopTimer)  # fmt: skip
     await engine.start()
     t0 = loop.time() + load.warmup_s
     t1 = t0 + load.duration_s
@@ -208,5 +157,5 @@ def replay(
     client_overhead_s: float = 0.0,
 ) -> Replayed:
     """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop)."""
-    with asyncio.Runner(loop_factory=_VirtualLoop) as runner:
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
         return runner.run(_replay(model, gpu, load, dict(knobs or {}), client_overhead_s))

@@ -1,7 +1,8 @@
-"""Virtual time for sim tests: an asyncio loop whose clock stands still while anything is ready to run and
-jumps to the next timer when nothing is, and a :class:`~exporters.serving.engines.sim.timer.Timer` on that
-loop's own timers. An engine built on them (``make_engine`` does so on this loop) wakes exactly at its modeled
-deadlines, and a test's ``asyncio.sleep(0.005)`` lasts exactly 5 ms of the engine's time, however busy the
+"""Virtual time for the sim (its tests, and ``loadlens calibrate``'s replays): an asyncio loop whose clock
+stands still while anything is ready to run and jumps to the next timer when nothing is, and a
+:class:`~exporters.serving.engines.sim.timer.Timer` on that loop's own timers. An engine built on them
+(``make_engine`` in tests/sim/helpers.py does so on this loop) wakes exactly at its modeled deadlines, and a
+test's ``asyncio.sleep(0.005)`` lasts exactly 5 ms of the engine's time, however busy the
 machine is: marks equal modeled instants, and the order of arrivals and steps is fixed by the script.
 
 How late the real timer wakes is not tested here: ``tests/sim/test_timer.py`` checks it is never early, and
