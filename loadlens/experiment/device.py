@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import threading
 import time
 import urllib.error
@@ -38,14 +37,11 @@ from types import TracebackType
 from typing import Any
 
 from loadlens.contracts.allocator_math import AllocatorReading, fragmentation
+from loadlens.contracts.busy_math import util_figures
 from loadlens.contracts.probe_document import ProbeDocument
 from loadlens.util.probe_directory import ProbeReader
 
 DEVICE_STATE_PATH = "/sim/device-state"
-MIN_AUTOCORRELATION = 0.3
-"""The swing period is reported only when the autocorrelation at that lag is at least this (else: no cycle)."""
-MIN_CYCLES = 4
-"""... and the window holds at least this many periods."""
 TOUCH_PROMPT = "hi"
 """The 1-token requests' prompt: shorter than one 16-token block, so no prefix cache hit changes its work."""
 
@@ -183,58 +179,6 @@ def fragmentation_figures(r: Reading | None) -> dict[str, float | None]:
         "frag.free_block_ratio": fragmentation(a.largest_free_block_bytes, a.total_free_bytes),
         "frag.inactive_split_ratio": a.inactive_split_bytes / a.reserved_bytes if a.reserved_bytes else None,
         "frag.reserved_bytes": float(a.reserved_bytes),
-    }
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank on the index ``int(q · (n − 1))`` of the sorted values."""
-    return sorted_values[int(q * (len(sorted_values) - 1))]
-
-
-def swing_period(values: list[float], interval: float) -> float | None:
-    """The dominant period (seconds) of an evenly sampled series: the lag of the highest autocorrelation after
-    its first drop below zero, up to a :data:`MIN_CYCLES`-th of the series, if that autocorrelation is at least
-    :data:`MIN_AUTOCORRELATION`. None for a flat series, no such peak, or a period under two sample intervals
-    (Nyquist: not resolvable)."""
-    n = len(values)
-    if n < 8:
-        return None
-    mean = statistics.fmean(values)
-    dev = [v - mean for v in values]
-    var = sum(d * d for d in dev)
-    if var <= 0:
-        return None
-
-    def acf(k: int) -> float:
-        return sum(dev[i] * dev[i + k] for i in range(n - k)) / var
-
-    longest = n // MIN_CYCLES
-    crossing = next((k for k in range(1, longest + 1) if acf(k) < 0), None)
-    if crossing is None:
-        return None
-    best = max(range(crossing + 1, longest + 1), key=acf, default=None)
-    if best is None or acf(best) < MIN_AUTOCORRELATION or best < 2:
-        return None
-    return best * interval
-
-
-def util_figures(samples: list[tuple[float, float]], interval: float | None) -> dict[str, float | None]:
-    """From ``(timestamp s, busy %)`` samples of the measured window: mean, p5, p95, peak-to-trough = p95 − p5,
-    the swing period (ms) and the sample interval (ms)."""
-    values = [v for _, v in samples]
-    if not values or interval is None:
-        keys = ("mean_pct", "p5_pct", "p95_pct", "peak_to_trough_pct", "swing_period_ms", "interval_ms", "samples")
-        return {f"util.{k}": None for k in keys}
-    ordered = sorted(values)
-    period = swing_period(values, interval)
-    return {
-        "util.mean_pct": statistics.fmean(values),
-        "util.p5_pct": percentile(ordered, 0.05),
-        "util.p95_pct": percentile(ordered, 0.95),
-        "util.peak_to_trough_pct": percentile(ordered, 0.95) - percentile(ordered, 0.05),
-        "util.swing_period_ms": None if period is None else period * 1000.0,
-        "util.interval_ms": interval * 1000.0,
-        "util.samples": float(len(values)),
     }
 
 

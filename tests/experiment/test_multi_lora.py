@@ -43,8 +43,6 @@ from loadlens.experiment.device import (
     _delta,
     fragmentation_figures,
     reading_from_sim,
-    swing_period,
-    util_figures,
 )
 from loadlens.experiment.models import Analysis, ExperimentError, expand_adapters, expand_trials, parse_experiment
 from tests.probe.fakes import MIB, FakeCuda, fake_torch, stats
@@ -59,35 +57,6 @@ def reading(reserved: int, allocated: int, requested: int, *, activations: int |
     fields = {"active_bytes": allocated, "inactive_split_bytes": 0, "segments": 0, "alloc_retries": 0, "ooms": 0,
               "largest_free_block_bytes": None, "total_free_bytes": None, **kw}  # fmt: skip
     return Reading(AllocatorReading(reserved, allocated, requested_bytes=requested, **fields), activations, 0.0)
-
-
-# --- utilisation ------------------------------------------------------------------------------------------------
-
-
-def test_swing_period_of_a_square_wave_and_its_limits() -> None:
-    # 10 ms samples, busy 3 samples of every 8: period 80 ms.
-    wave = [100.0 if i % 8 < 3 else 20.0 for i in range(400)]
-    assert swing_period(wave, 0.01) == pytest.approx(0.08)
-    assert swing_period([50.0] * 400, 0.01) is None  # flat: no swing
-    # Alternating samples are a period of exactly two intervals: the shortest a series can show (Nyquist).
-    assert swing_period([0.0, 100.0] * 100, 0.01) == pytest.approx(0.02)
-    # A 29 ms cycle (0 / 100 %) seen through 167 ms averages (NVML's ~1/6 s): the swing is averaged away to
-    # 4 points, and what periodicity is left is an alias of about 690 ms (6/167 - 1/29 per ms), never 29 ms.
-    # No series gives a period under two of its intervals.
-    fine = [100.0 if (i % 29) < 10 else 0.0 for i in range(29 * 600)]  # 1 ms samples
-    coarse = [sum(fine[k : k + 167]) / 167 for k in range(0, len(fine) - 167, 167)]
-    assert max(coarse) - min(coarse) < 5.0
-    alias = swing_period(coarse, 0.167)
-    assert alias is not None and 0.5 < alias < 1.0
-
-
-def test_util_figures_are_exact_nearest_rank_percentiles() -> None:
-    samples = [(i * 0.01, float(v)) for i, v in enumerate(range(0, 101))]  # 0 ... 100 %
-    got = util_figures(samples, 0.01)
-    assert got["util.mean_pct"] == 50.0
-    assert (got["util.p5_pct"], got["util.p95_pct"], got["util.peak_to_trough_pct"]) == (5.0, 95.0, 90.0)
-    assert got["util.interval_ms"] == 10.0 and got["util.samples"] == 101.0
-    assert set(util_figures([], None).values()) == {None}
 
 
 # --- VRAM steps and fragmentation -----------------------------------------------------------------------------
