@@ -165,6 +165,10 @@ import vllm
 from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
 
 
+def scheduler_output_of(grammar_output):
+    return grammar_output
+
+
 class GPUModelRunner:
     def __init__(self, ranks):
         self.lora_manager = LRUCacheWorkerLoRAManager(ranks)
@@ -175,6 +179,14 @@ class GPUModelRunner:
 
     def add_lora(self, lora_request):
         return self.lora_manager.add_adapter(lora_request)
+
+    # vLLM 0.32's step: execute_model runs the forward and returns None, sample_tokens samples
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        vllm.tick(0.003)
+
+    def sample_tokens(self, grammar_output):
+        vllm.tick(0.001)
+        return ["sampled", scheduler_output_of(grammar_output)]
 
     def _set_active_loras(self, prompt_lora_mapping, token_lora_mapping, lora_requests, mapping_type="language"):
         self.lora_manager.set_active_adapters(lora_requests, (token_lora_mapping, prompt_lora_mapping))
