@@ -10,6 +10,7 @@ import pytest
 
 from exporters.probe.timeline import CLOCK_CUDA, CLOCK_HOST, BusyTimeline, hook_module
 from tests.probe.fakes import FakeCuda, fake_torch, stats
+from tests.support import required
 
 
 class Clock:
@@ -23,7 +24,7 @@ class Clock:
 
 
 def test_a_cpu_module_records_one_interval_per_forward(monkeypatch: pytest.MonkeyPatch) -> None:
-    torch = pytest.importorskip("torch")
+    torch = required.require_module("torch")
 
     def no_sync(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the hook synchronised")
@@ -79,7 +80,7 @@ def test_cuda_events_resolve_later_and_never_wait() -> None:
 
 
 def test_a_forward_that_raises_still_closes_its_interval() -> None:
-    torch = pytest.importorskip("torch")
+    torch = required.require_module("torch")
 
     class Boom(torch.nn.Module):  # type: ignore[misc,name-defined]
         def forward(self, x: Any) -> Any:
