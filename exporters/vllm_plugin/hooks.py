@@ -78,6 +78,13 @@ def _wrap_capture_model(original: Func) -> Func:
     return capture_model
 
 
+def _no_forward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """An execute_model call with nothing scheduled: vLLM returns at once (it only frees finished requests'
+    state), so it is no device work."""
+    output = args[0] if args else kwargs.get("scheduler_output")
+    return getattr(output, "total_num_scheduled_tokens", None) == 0
+
+
 def _wrap_step(original: Func) -> Func:
     # One busy interval per call: the step's device work between a begin and an end mark (CUDA events on the
     # current stream on a GPU, resolved later without waiting; perf_counter on the CPU worker, whose step runs
@@ -85,7 +92,7 @@ def _wrap_step(original: Func) -> Func:
     @functools.wraps(original)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         timeline = STATE.timeline
-        if timeline is None:
+        if timeline is None or _no_forward(args, kwargs):
             return original(self, *args, **kwargs)
         try:
             token = timeline.begin()

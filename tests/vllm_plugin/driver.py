@@ -11,6 +11,7 @@ import importlib
 import json
 import logging
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,8 @@ results["capture"] = worker.compile_or_warm_up_model()
 clock.advance(1.0)
 results["execute"] = worker.model_runner.execute_model("step-1")  # one engine step: forward, then sampling
 results["sample"] = worker.model_runner.sample_tokens("grammar-1")
+# a step with nothing scheduled (vLLM frees a finished request's state): no forward, not timed
+results["empty"] = worker.model_runner.execute_model(types.SimpleNamespace(total_num_scheduled_tokens=0))
 try:
     worker.add_lora(LoRARequest("missing", 3, "/nope"))
 except ValueError as exc:

@@ -49,6 +49,7 @@ VLLM_RESULTS = {
     "capture": 4096,
     "execute": None,
     "sample": ["sampled", "grammar-1"],
+    "empty": None,
     "error_is_vllms": True,
     "error": "Loading lora missing failed: No adapter found",
 }
