@@ -6,11 +6,14 @@ perf_counter intervals binned at 1 ms). docs/metrics.md lists each with its sour
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from exporters.gpu.collector import PREFIX, counter, gauge
-from loadlens.contracts.probe_document import BusySpread, ProbeBusy
+
+if TYPE_CHECKING:  # pydantic models: a lean install (nvml backend only) never builds one
+    from loadlens.contracts.probe_document import ProbeBusy
 
 STATS = ("p50", "p95", "max")
 
@@ -68,7 +71,7 @@ class BusyFamilies:
         elif busy.period_reason is not None:
             self.missing.add_metric([*lab, busy.period_reason], 1.0)
         for fam, spread in ((self.run, busy.busy_run), (self.gap, busy.idle_gap)):
-            if isinstance(spread, BusySpread):
+            if spread is not None:
                 for stat in STATS:
                     fam.add_metric([*lab, stat], float(getattr(spread, stat)))
         self.window.add_metric(lab, busy.window_seconds)
@@ -83,7 +86,8 @@ class BusyFamilies:
             self.gaps.add_metric(lab, buckets, busy.idle_gap_sum)
 
     def families(self) -> list[Metric]:
-        return [
+        """The families with at least one series (none at all where no timeline is recorded)."""
+        every: list[Metric] = [
             self.info,
             self.ratio,
             self.swing,
@@ -97,3 +101,4 @@ class BusyFamilies:
             self.seconds,
             self.gaps,
         ]
+        return [f for f in every if getattr(f, "rows", None) or f.samples]

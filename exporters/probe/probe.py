@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from exporters.probe.busy import BusyReport
 from exporters.probe.reading import SnapshotSummary, device_entry, summarise_snapshot, used
 from exporters.probe.timeline import BusyTimeline
 from exporters.probe.writer import atomic_write, document_name, remove
@@ -40,6 +39,7 @@ from loadlens.contracts.probe_document import (
     ProbeDocument,
     ProbeEvents,
 )
+from loadlens.util.busy_report import BusyReport
 from loadlens.util.cuda_device import device_uuid
 from loadlens.util.procstat import pid_namespace, start_time_ticks
 
@@ -109,6 +109,7 @@ class Probe:
         self._lora_seconds = [0.0, 0.0]
         self._graph_seconds: float | None = None
         self._busy: BusyReport | None = None
+        self._timeline: BusyTimeline | None = None
         self._stop = threading.Event()
         self._publish = threading.Event()  # set by record_lora_load: publish without waiting for the interval
         self._thread: threading.Thread | None = None
@@ -164,11 +165,12 @@ class Probe:
         """A busy timeline of this process's current CUDA device (or of the CPU without CUDA) whose figures the
         document carries from now on (``busy``); its ``begin``/``end`` go around the work to time
         (exporters.probe.timeline). One per probe: a second call returns the first."""
-        if self._busy is None:
+        if self._timeline is None:
             timeline = BusyTimeline(self._torch, source=source, timer=self._timer, wall=self._clock)
             uuid = device_uuid(self._cuda, timeline.cuda_index) if timeline.cuda_index is not None else ""
             self._busy = BusyReport(timeline, uuid=uuid)
-        return self._busy.timeline
+            self._timeline = timeline
+        return self._timeline
 
     def write_now(self) -> None:
         """Read the allocator (a snapshot too when one is due) and publish at once; never raises."""

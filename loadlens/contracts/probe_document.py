@@ -109,8 +109,9 @@ class ProbeBusy(_Strict):
     hook, vLLM's execute step)."""
 
     source: str = Field(max_length=64, description="what is timed: module_forward, vllm_execute_model")
-    clock: Literal["cuda_event", "perf_counter"] = Field(
-        description="cuda_event: device time from CUDA events; perf_counter: host time of a synchronous CPU step"
+    clock: Literal["cuda_event", "perf_counter", "sim_schedule"] = Field(
+        description="cuda_event: device time from CUDA events; perf_counter: host time of a synchronous CPU step; "
+        "sim_schedule: the sim's step schedule"
     )
     cuda_index: int | None = Field(default=None, ge=0, description="the timed CUDA device; null on the CPU")
     uuid: str = Field(default="", description="that device's 'GPU-...' UUID; '' on the CPU or if unknown")

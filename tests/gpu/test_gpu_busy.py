@@ -70,7 +70,7 @@ def test_a_probe_publishes_the_timeline_and_the_exporter_serves_it(tmp_path: Pat
     assert got["loadlens_gpu_busy_ratio", key] == pytest.approx(busy.busy_ratio)
     assert got["loadlens_gpu_busy_swing_ratio", key] == busy.swing_ratio
     assert got["loadlens_gpu_busy_period_seconds", key] == pytest.approx(0.029, abs=0.001)
-    assert not [k for k in got if k[0] == "loadlens_gpu_busy_period_missing"]
+    assert not [k for k in got if k[0] == "loadlens_gpu_busy_period_missing" and "pid" in dict(k[1])]
     assert got["loadlens_gpu_busy_window_run_seconds", key | {("stat", "p50")}] == pytest.approx(0.013, abs=US)
     assert got["loadlens_gpu_busy_window_idle_gap_seconds", key | {("stat", "max")}] == pytest.approx(0.016, abs=US)
     assert got["loadlens_gpu_busy_intervals_total", key] == n
@@ -93,4 +93,4 @@ def test_an_idle_timeline_has_no_period_and_says_why(tmp_path: Path) -> None:
     key = frozenset({"gpu": "", "uuid": "", "model": "", "pid": str(os.getpid()), "role": "trainer"}.items())
     assert got["loadlens_gpu_busy_ratio", key] == 0.0
     assert got["loadlens_gpu_busy_period_missing", key | {("reason", "no_intervals")}] == 1
-    assert not [k for k in got if k[0] == "loadlens_gpu_busy_period_seconds"]
+    assert not [k for k in got if k[0] == "loadlens_gpu_busy_period_seconds" and "pid" in dict(k[1])]

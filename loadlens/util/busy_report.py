@@ -1,13 +1,14 @@
-"""From a :class:`~exporters.probe.timeline.BusyTimeline` to the document's ``busy`` section, on the probe's
-thread: the window's figures (``loadlens.contracts.busy_math``) and a running histogram of idle gaps, each gap
-counted once, when the run after it has been resolved."""
+"""From a busy timeline to a ``busy`` section (loadlens.contracts.probe_document.ProbeBusy): the window's figures
+(``loadlens.contracts.busy_math``) and a running histogram of idle gaps, each gap counted once, when the run
+after it has been resolved. Used by the in-process probe (its thread, over exporters.probe.timeline) and the
+sim's simulated GPU (over its step schedule)."""
 
 from __future__ import annotations
 
 import bisect
 import math
+from typing import Protocol
 
-from exporters.probe.timeline import BusyTimeline
 from loadlens.contracts.buckets import BUSY_IDLE_GAP_SECONDS
 from loadlens.contracts.busy_math import MERGE_GAP_FRACTION, RESOLUTION_S, BusyStats, Spread, busy_stats, merge
 from loadlens.contracts.probe_document import BusySpread, ProbeBusy
@@ -16,12 +17,28 @@ WINDOW_S = 10.0
 """The window the figures cover, ending at the newest resolved interval (or now, with nothing pending)."""
 
 
+class Timeline(Protocol):
+    """What a report reads of a timeline (exporters.probe.timeline.BusyTimeline has it all)."""
+
+    source: str
+    clock: str
+    cuda_index: int | None
+    recorded_total: int
+    busy_seconds_total: float
+    dropped_total: int
+
+    @property
+    def pending(self) -> int: ...  # intervals recorded but not yet resolved
+
+    def intervals(self, since: float = ...) -> list[tuple[float, float]]: ...
+
+
 def _spread(s: Spread | None) -> BusySpread | None:
     return None if s is None else BusySpread(p50=s.p50, p95=s.p95, max=s.max)
 
 
 class BusyReport:
-    def __init__(self, timeline: BusyTimeline, *, uuid: str = "", window: float = WINDOW_S) -> None:
+    def __init__(self, timeline: Timeline, *, uuid: str = "", window: float = WINDOW_S) -> None:
         self.timeline = timeline
         self.uuid = uuid
         self.window = window
