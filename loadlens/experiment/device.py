@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from loadlens.contracts.allocator_math import AllocatorReading, fragmentation
-from loadlens.contracts.busy_math import util_figures
+from loadlens.contracts.busy_math import busy_stats, util_figures
 from loadlens.contracts.probe_document import ProbeDocument
 from loadlens.util.probe_directory import ProbeReader
 
@@ -210,6 +210,7 @@ class DeviceSession:
     url: str
     steps: dict[str, dict[str, float | None]] = field(default_factory=dict)
     samples: dict[int, float] = field(default_factory=dict)
+    intervals: dict[int, int] = field(default_factory=dict)  # busy timeline: start µs -> end µs
     interval: float | None = None
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -251,6 +252,8 @@ class DeviceSession:
                 for s in dev["util_samples"]:
                     self.samples[int(s["timestamp_us"])] = float(s["gpu_percent"])
                     since = max(since, int(s["timestamp_us"]))
+                for iv in dev.get("busy_intervals") or ():  # version 3: the step schedule's busy timeline
+                    self.intervals[int(iv["start_us"])] = int(iv["end_us"])
             except urllib.error.HTTPError as err:
                 self.errors.append(f"GET {DEVICE_STATE_PATH}: HTTP {err.code}: no utilisation samples")
                 return  # not the sim: nothing to follow
@@ -283,4 +286,35 @@ class DeviceSession:
             (ts / 1e6, v) for ts, v in self.samples.items() if any(lo <= ts / 1e6 <= hi for lo, hi in windows)
         )
         out.update(util_figures(inside, self.interval))
+        out.update(busy_figures([(a / 1e6, b / 1e6) for a, b in self.intervals.items()], windows))
         return out
+
+
+BUSY_KEYS = ("ratio_pct", "swing_pct", "period_ms", "run_p50_ms", "run_p95_ms", "gap_p50_ms", "gap_p95_ms",
+             "gap_max_ms", "resolution_ms")  # fmt: skip
+
+
+def busy_figures(intervals: list[tuple[float, float]], windows: list[tuple[float, float]]) -> dict[str, float | None]:
+    """``busy.*``: the busy timeline's figures (loadlens.contracts.busy_math) in each measured window, averaged
+    over the windows (a null in one window is left out); all null without a timeline (a server whose
+    /sim/device-state has no ``busy_intervals``, or none at all)."""
+    out: dict[str, list[float]] = {k: [] for k in BUSY_KEYS}
+    for lo, hi in windows if intervals else ():
+        if hi <= lo:
+            continue
+        s = busy_stats(intervals, lo, hi)
+        values = {
+            "ratio_pct": 100.0 * s.busy_ratio,
+            "swing_pct": None if s.swing_ratio is None else 100.0 * s.swing_ratio,
+            "period_ms": None if s.period_seconds is None else 1e3 * s.period_seconds,
+            "run_p50_ms": None if s.busy_run is None else 1e3 * s.busy_run.p50,
+            "run_p95_ms": None if s.busy_run is None else 1e3 * s.busy_run.p95,
+            "gap_p50_ms": None if s.idle_gap is None else 1e3 * s.idle_gap.p50,
+            "gap_p95_ms": None if s.idle_gap is None else 1e3 * s.idle_gap.p95,
+            "gap_max_ms": None if s.idle_gap is None else 1e3 * s.idle_gap.max,
+            "resolution_ms": 1e3 * s.resolution_seconds,
+        }
+        for k, v in values.items():
+            if v is not None:
+                out[k].append(v)
+    return {f"busy.{k}": (sum(v) / len(v) if v else None) for k, v in out.items()}
