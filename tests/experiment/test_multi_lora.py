@@ -41,6 +41,7 @@ from loadlens.experiment.device import (
     ProbeSource,
     Reading,
     _delta,
+    busy_figures,
     fragmentation_figures,
     reading_from_sim,
 )
@@ -347,3 +348,17 @@ def test_the_sim_swings_only_when_adapters_share_slots(tmp_path: Path, adapters:
         assert loads > 4 * adapters and idle > 5 and mean < 80.0
     else:
         assert loads == 2 * adapters and idle == 0 and mean > 85.0
+
+
+def test_busy_figures_average_the_timeline_over_the_measured_windows() -> None:
+    # 29 ms steps busy 14 ms for 4 s, measured in two 2 s windows; then a window after the last step.
+    steps = [(k * 0.029, k * 0.029 + 0.014) for k in range(138)]
+    got = busy_figures(steps, [(0.0, 2.0), (2.0, 4.0)])
+    assert got["busy.ratio_pct"] == pytest.approx(100 * 14 / 29, abs=1.0)
+    assert got["busy.period_ms"] == pytest.approx(29.0, abs=1.0)
+    assert got["busy.run_p50_ms"] == pytest.approx(14.0, abs=1e-6)
+    assert got["busy.gap_max_ms"] == pytest.approx(15.0, abs=1e-6)
+    assert got["busy.resolution_ms"] == 1.0
+    idle = busy_figures(steps, [(10.0, 11.0)])
+    assert (idle["busy.ratio_pct"], idle["busy.period_ms"], idle["busy.gap_p50_ms"]) == (0.0, None, None)
+    assert set(busy_figures([], [(0.0, 1.0)]).values()) == {None}  # no timeline: all null
