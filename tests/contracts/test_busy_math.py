@@ -96,9 +96,12 @@ def test_merge_and_binning() -> None:
     assert binned(runs, 0.0, 1.0, 0.25) == pytest.approx([1.0, 0.2, 1.0, 0.6])
 
 
-def test_the_python_autocorrelation_agrees_with_numpys(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_numpy_the_python_paths_give_the_same_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     values = [1.0 if (i % 29) < 14 else 0.0 for i in range(400)]
     with_numpy = period_with_reason(values, 0.001)
+    timeline = on_off(0.029, 0.5, 0.6, 0.001, 3)
+    runs = merge(timeline, 0.0, 0.6, 0.0001)
+    bins_numpy = binned(runs, 0.0, 0.6, 0.001)
     real = builtins.__import__
 
     def no_numpy(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -108,6 +111,7 @@ def test_the_python_autocorrelation_agrees_with_numpys(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(builtins, "__import__", no_numpy)
     assert period_with_reason(values, 0.001) == with_numpy == (pytest.approx(0.029), None)
+    assert binned(runs, 0.0, 0.6, 0.001) == pytest.approx(bins_numpy, abs=1e-9)
 
 
 def test_swing_period_of_a_square_wave_and_its_limits() -> None:

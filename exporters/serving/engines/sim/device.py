@@ -25,6 +25,7 @@ power, energy, temperature and clocks, published as the :class:`DeviceState` doc
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
 import random
@@ -48,6 +49,7 @@ from loadlens.contracts.device_state import (
     SimDevice,
     UtilSample,
 )
+from loadlens.contracts.probe_document import ProbeBusy
 from loadlens.util.busy_report import WINDOW_S, BusyReport
 
 SAMPLE_INTERVAL_SECONDS = 0.01
@@ -60,8 +62,14 @@ MEMORY_BOUND_INTENSITY = 0.55
 THERMAL_SLOWDOWN_CLOCK = 0.85
 SM_OCCUPANCY_WHILE_BUSY = 0.25
 """Resident warps over the maximum while a kernel runs (an assumption: the H200 read 14 % in a bf16 matmul)."""
+with contextlib.suppress(ImportError):  # the busy figures' FFT: imported at start-up, not in the first request
+    import numpy  # noqa: F401
+
 BUSY_RING = 65_536
 """Step intervals kept for the busy timeline (the document carries those of the last ``WINDOW_S``)."""
+BUSY_REFRESH_SECONDS = 1.0
+"""The busy figures are recomputed at most this often (a few ms of the event loop's time each, on 10 s of 1 ms
+bins); between two, a document carries the last ones."""
 DRIVER_VERSION = "550.54.15"
 CUDA_DRIVER_VERSION = 12040
 
@@ -154,6 +162,7 @@ class SimulatedGPU:
         self.ooms = 0
         self.timeline = StepTimeline()
         self._busy_report = BusyReport(self.timeline, uuid=self.uuid)
+        self._busy_cache: tuple[float, ProbeBusy] | None = None  # (monotonic time computed, figures)
 
     # --- memory --------------------------------------------------------------------------------------------
 
@@ -381,8 +390,14 @@ class SimulatedGPU:
             processes=[DeviceProcess(pid=os.getpid(), name=_process_name(), used_bytes=used)],
             gpm=self.gpm_counters(),
             busy_intervals=steps,
-            busy=self._busy_report.section(now),
+            busy=self._busy_figures(now),
         )
+
+    def _busy_figures(self, now: float) -> ProbeBusy:
+        at = self._clock()
+        if self._busy_cache is None or at - self._busy_cache[0] >= BUSY_REFRESH_SECONDS:
+            self._busy_cache = (at, self._busy_report.section(now))
+        return self._busy_cache[1]
 
     def gpm_counters(self) -> GpmCounters:
         """The cumulative GPM counters up to the last finalised sample period."""
