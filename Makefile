@@ -23,7 +23,7 @@ help:
 	@echo "make test-fast - the edit loop: lint and the tests not marked slow or serial (no real servers), on two workers"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
 	@echo "make reliability - the reliability drills: disconnect storms, 10x overload, OTLP endpoint down (direct and via the proxy)"
-	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, the allocator probe with LoRA, LoRA rank timing and multi-adapter figures (needs torch, peft), and the short loadlens gpu-bench"
+	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, the allocator probe with LoRA, LoRA rank timing and multi-adapter figures (needs torch, peft), the busy timeline against 29/84 ms on/off loads, and the short loadlens gpu-bench"
 	@echo "make gpu-check-wheels - download the wheels a GPU host without PyPI needs for gpu-check into .whl"
 	@echo "make vllm-env - vLLM's CPU build at $(VLLM_VENV) with loadlens's plugin, for the real-vLLM tests (1-4 minutes, once)"
 	@echo "make lint   - ruff"
@@ -102,9 +102,10 @@ reliability: venv
 # On a GPU host: the nvml backend and the in-process allocator collector against real hardware (~40 s, needs torch),
 # then the allocator probe read by the exporter with PEFT LoRA adapters and training (benchmarks/gpu_probe_check.py),
 # then LoRA rank-vs-latency timing and the 1-2-3 adapter allocator figures (benchmarks/gpu_lora_check.py),
+# then the busy timeline against bf16 matmul on/off loads of 29 and 84 ms (benchmarks/gpu_busy_check.py, ~10 s),
 # then the short `loadlens gpu-bench --quick` (docs/gpu-bench.md: the guide's chapter 3 tables, gpu_bench.json and a
 # measured sim GPU profile; under a minute of GPU time expected, not yet run on a GPU).
-# All four run; the target fails when any does. A host without the venv: make gpu-check-run GPU_PY=python3.
+# All five run; the target fails when any does. A host without the venv: make gpu-check-run GPU_PY=python3.
 GPU_PY ?= $(PY)
 gpu-check: venv gpu-check-run
 
@@ -112,6 +113,7 @@ gpu-check-run:
 	@rc=0; $(GPU_PY) -m benchmarks.gpu_nvml_check --out results/gpu-check || rc=1; \
 		$(GPU_PY) -m benchmarks.gpu_probe_check --out results/gpu-check/probe || rc=1; \
 		$(GPU_PY) -m benchmarks.gpu_lora_check --out results/gpu-check/lora || rc=1; \
+		$(GPU_PY) -m benchmarks.gpu_busy_check --out results/gpu-check/busy || rc=1; \
 		$(GPU_PY) -m loadlens.cli gpu-bench --quick --out results/gpu-check/gpu-bench \
 			--write-profile results/gpu-check/gpu-bench/measured.yaml || rc=1; exit $$rc
 

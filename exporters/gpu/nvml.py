@@ -471,3 +471,8 @@ class Nvml:
     def allocator_state(self, handle: Any) -> Any:
         """The sim's caching-allocator model, an :class:`loadlens.contracts.device_state.AllocatorState`."""
         return self._extra("loadlensSimAllocatorState", handle)
+
+    def sim_busy(self, handle: Any) -> Any:
+        """The busy timeline's figures from the sim's step schedule, a
+        :class:`loadlens.contracts.probe_document.ProbeBusy`."""
+        return self._extra("loadlensSimBusy", handle)

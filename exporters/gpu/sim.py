@@ -39,6 +39,7 @@ from loadlens.contracts.device_state import (
     DeviceState,
     SimDevice,
 )
+from loadlens.contracts.probe_document import ProbeBusy
 
 # Driver ring buffers hold a bounded number of samples; so does ours (per device).
 SAMPLE_BUFFER = 8192  # > 60 s at the sim engine's 10 ms, so the first fetch keeps a full window
@@ -468,3 +469,10 @@ class SimNvml(SimGpm):
 
     def loadlensSimAllocatorState(self, handle: SimHandle) -> AllocatorState:
         return self._device(handle, "loadlensSimAllocatorState").allocator
+
+    def loadlensSimBusy(self, handle: SimHandle) -> ProbeBusy:
+        """The busy timeline's figures from the sim's step schedule (document version 3)."""
+        busy = self._device(handle, "loadlensSimBusy").busy
+        if busy is None:  # an older sim: no timeline
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return busy

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.probe.reading import SnapshotSummary, device_entry, summarise_snapshot, used
+from exporters.probe.timeline import BusyTimeline
 from exporters.probe.writer import atomic_write, document_name, remove
 from loadlens.contracts.allocator_math import parse_alloc_conf
 from loadlens.contracts.probe_document import (
@@ -38,6 +39,7 @@ from loadlens.contracts.probe_document import (
     ProbeDocument,
     ProbeEvents,
 )
+from loadlens.util.busy_report import BusyReport
 from loadlens.util.cuda_device import device_uuid
 from loadlens.util.procstat import pid_namespace, start_time_ticks
 
@@ -106,6 +108,8 @@ class Probe:
         self._lora_counts = [0, 0]  # all, on demand
         self._lora_seconds = [0.0, 0.0]
         self._graph_seconds: float | None = None
+        self._busy: BusyReport | None = None
+        self._timeline: BusyTimeline | None = None
         self._stop = threading.Event()
         self._publish = threading.Event()  # set by record_lora_load: publish without waiting for the interval
         self._thread: threading.Thread | None = None
@@ -156,6 +160,17 @@ class Probe:
             return
         with self._events_lock:
             self._graph_seconds = (self._graph_seconds or 0.0) + float(seconds)
+
+    def busy_timeline(self, source: str) -> BusyTimeline:
+        """A busy timeline of this process's current CUDA device (or of the CPU without CUDA) whose figures the
+        document carries from now on (``busy``); its ``begin``/``end`` go around the work to time
+        (exporters.probe.timeline). One per probe: a second call returns the first."""
+        if self._timeline is None:
+            timeline = BusyTimeline(self._torch, source=source, timer=self._timer, wall=self._clock)
+            uuid = device_uuid(self._cuda, timeline.cuda_index) if timeline.cuda_index is not None else ""
+            self._busy = BusyReport(timeline, uuid=uuid)
+            self._timeline = timeline
+        return self._timeline
 
     def write_now(self) -> None:
         """Read the allocator (a snapshot too when one is due) and publish at once; never raises."""
@@ -267,6 +282,12 @@ class Probe:
                 lora_on_demand_load_seconds_total=self._lora_seconds[1],
                 cuda_graph_capture_seconds=self._graph_seconds,
             )
+        busy = None
+        if self._busy is not None:
+            try:
+                busy = self._busy.section(now)
+            except Exception as err:
+                self._error("busy", err)
         return ProbeDocument(
             version=PROBE_DOCUMENT_VERSION,
             pid=self.pid,
@@ -285,4 +306,5 @@ class Probe:
             allocator_config=self._config,
             devices=devices,
             events=events,
+            busy=busy,
         )

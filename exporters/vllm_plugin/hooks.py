@@ -78,6 +78,38 @@ def _wrap_capture_model(original: Func) -> Func:
     return capture_model
 
 
+def _no_forward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """An execute_model call with nothing scheduled: vLLM returns at once (it only frees finished requests'
+    state), so it is no device work."""
+    output = args[0] if args else kwargs.get("scheduler_output")
+    return getattr(output, "total_num_scheduled_tokens", None) == 0
+
+
+def _wrap_step(original: Func) -> Func:
+    # One busy interval per call: the step's device work between a begin and an end mark (CUDA events on the
+    # current stream on a GPU, resolved later without waiting; perf_counter on the CPU worker, whose step runs
+    # on this thread). vLLM 0.32 splits a step into execute_model (the forward) and sample_tokens.
+    @functools.wraps(original)
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        timeline = STATE.timeline
+        if timeline is None or _no_forward(args, kwargs):
+            return original(self, *args, **kwargs)
+        try:
+            token = timeline.begin()
+        except Exception as exc:
+            STATE.failed("busy_timeline", exc)
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            try:
+                timeline.end(token)
+            except Exception as exc:
+                STATE.failed("busy_timeline", exc)
+
+    return step
+
+
 def _wrap_set_active_adapters(original: Func) -> Func:
     # Called while the model runner prepares a batch: any load inside it is one a request asked for.
     @functools.wraps(original)
@@ -190,6 +222,25 @@ HOOKS: tuple[Hook, ...] = (
         "cuda_graph_capture",
         "vllm.v1.worker.gpu.model_runner",
         (Patch("GPUModelRunner.capture_model", 0, _wrap_capture_model),),
+    ),
+    # The busy timeline (issue 24 item 3): the model runner's step. vLLM 0.32's CPU model runner
+    # (vllm/v1/worker/cpu_model_runner.py) subclasses the GPU one and inherits both methods, so one patch covers
+    # both workers; the second GPU runner (vllm/v1/worker/gpu/model_runner.py) has the same two methods.
+    Hook(
+        "busy_timeline",
+        "vllm.v1.worker.gpu_model_runner",
+        (
+            Patch("GPUModelRunner.execute_model", 1, _wrap_step),
+            Patch("GPUModelRunner.sample_tokens", 1, _wrap_step),
+        ),
+    ),
+    Hook(
+        "busy_timeline",
+        "vllm.v1.worker.gpu.model_runner",
+        (
+            Patch("GPUModelRunner.execute_model", 1, _wrap_step),
+            Patch("GPUModelRunner.sample_tokens", 1, _wrap_step),
+        ),
     ),
     Hook(
         "lora_load",

@@ -8,10 +8,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 LOG = logging.getLogger("loadlens.vllm_plugin")
 WORKER_ROLE = "vllm-worker"
+BUSY_SOURCE = "vllm_execute_model"
+"""The busy timeline's source in a vLLM worker: the model runner's execute_model and sample_tokens calls."""
 
 
 class ProbeLike(Protocol):
@@ -26,6 +28,19 @@ class ProbeLike(Protocol):
     def record_cuda_graph_capture(self, seconds: float) -> None:
         """CUDA graph capture at start-up took ``seconds``."""
 
+    def busy_timeline(self, source: str) -> TimelineLike:
+        """The busy timeline whose figures the probe publishes."""
+
+
+class TimelineLike(Protocol):
+    """What the execute-step hook calls on ``exporters.probe.timeline.BusyTimeline``."""
+
+    def begin(self) -> Any:
+        """Mark the start of work (records a CUDA event, or reads perf_counter on the CPU)."""
+
+    def end(self, token: Any) -> None:
+        """Mark its end; never waits for the device."""
+
 
 def _real_starter(role: str) -> ProbeLike | None:
     # Imported only here: a worker that has its device; every other process never loads the probe.
@@ -37,6 +52,7 @@ def _real_starter(role: str) -> ProbeLike | None:
 class _State:
     def __init__(self) -> None:
         self.probe: ProbeLike | None = None
+        self.timeline: TimelineLike | None = None  # the worker's busy timeline, once its probe runs
         self.probe_tried = False
         self.starter: Callable[[str], ProbeLike | None] = _real_starter
         # Wall clock anchors a record in time; the monotonic clock measures its duration.
@@ -62,6 +78,10 @@ class _State:
         else:
             cuda = getattr(self.probe, "has_cuda", True)
             LOG.info("loadlens vllm plugin: probe started in worker process (%s)", "CUDA" if cuda else "no CUDA")
+            try:
+                self.timeline = self.probe.busy_timeline(BUSY_SOURCE)
+            except Exception as exc:
+                self.failed("busy_timeline", exc)
 
     def on_demand(self) -> bool:
         return getattr(self.local, "on_demand", 0) > 0

@@ -84,10 +84,16 @@ def gpu_alert_group(c: Ctx) -> dict[str, Any]:
     a, g = c.a, c.slos.gpu
     s = c.sel("gpu")
     throttled = c.sel("gpu", f'reason=~"{THROTTLE_REASONS}"')
+    timeline = "loadlens_gpu_busy_swing_ratio" + c.sel("gpu", 'uuid!=""')  # a CPU process's timeline has no GPU
     rules = [
         alert(
             "LoadlensGpuUtilizationSwingHigh",
-            f"loadlens_gpu_utilization_window_peak_to_trough_ratio{s} > {g['util_peak_to_trough_ratio']}",
+            # The busy timeline's swing (10 ms bins, issue 24 item 3) where a probe or the sim records one (the
+            # largest over the GPU's processes), else NVML's coarse window (samples of ~1/6 s, blind to a 29 ms
+            # swing).
+            f"max by (job, instance, gpu, uuid, model) ({timeline}) > {g['util_peak_to_trough_ratio']} or "
+            f"(loadlens_gpu_utilization_window_peak_to_trough_ratio{s} > {g['util_peak_to_trough_ratio']} "
+            f"unless on (job, instance, uuid) {timeline})",
             "2m",
             "warning",
             "GPU utilisation swings widely.",

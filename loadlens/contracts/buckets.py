@@ -126,6 +126,12 @@ TIMING_ERROR_SECONDS: tuple[float, ...] = (
 where the schedule restarts, and lateness of seconds (one step blocked by CPU starvation) still lands in a
 finite bucket)."""
 
+BUSY_IDLE_GAP_SECONDS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+)  # fmt: skip
+"""Idle gaps between busy runs of the device (the busy timeline): 0.1 ms launch gaps between decode steps,
+through the 15 ms off-half of a 29 ms swing (guide 2.2) and the 42 ms of an 84 ms one, to idle seconds."""
+
 COLLECTOR_DURATION_SECONDS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 

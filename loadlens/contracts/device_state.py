@@ -6,15 +6,20 @@ The sim engine serves it at ``GET /sim/device-state`` (see docs/device-state.md)
 
 Versioning: ``version`` is bumped on every change of the schema; a reader lists the versions it reads
 (:data:`READABLE_DEVICE_STATE_VERSIONS`) and rejects the others. Version 2 added ``SimDevice.gpm``; a
-version-1 document (no ``gpm``) still parses and reads as GPM unsupported.
+version-1 document (no ``gpm``) still parses and reads as GPM unsupported. Version 3 added
+``SimDevice.busy_intervals`` and ``SimDevice.busy`` (the step schedule as a busy timeline); older documents
+have none.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-DEVICE_STATE_VERSION = 2
-READABLE_DEVICE_STATE_VERSIONS: frozenset[int] = frozenset({1, 2})  # 1: before the GPM counters
+from loadlens.contracts.probe_document import ProbeBusy
+
+DEVICE_STATE_VERSION = 3
+# 1: before the GPM counters; 2: before the busy timeline
+READABLE_DEVICE_STATE_VERSIONS: frozenset[int] = frozenset({1, 2, 3})
 DEVICE_STATE_PATH = "/sim/device-state"  # where `loadlens serve --engine sim` serves the document
 
 
@@ -78,6 +83,13 @@ class GpmCounters(_Strict):
     pcie_rx_bytes: int | None = Field(default=None, ge=0, description="bytes received over PCIe")
 
 
+class BusyInterval(_Strict):
+    """One step's kernel time on the simulated device (the engine's step schedule), CLOCK_REALTIME µs."""
+
+    start_us: int
+    end_us: int
+
+
 class SimDevice(_Strict):
     index: int = Field(ge=0)
     uuid: str
@@ -104,6 +116,14 @@ class SimDevice(_Strict):
     )
     processes: list[DeviceProcess]
     gpm: GpmCounters | None = Field(default=None, description="GPM counters (version 2); None: GPM not supported")
+    busy_intervals: list[BusyInterval] = Field(
+        default_factory=list,
+        description="(version 3) the steps' kernel intervals ending after `since_us` and in the last 10 s, oldest "
+        "first",
+    )
+    busy: ProbeBusy | None = Field(
+        default=None, description="(version 3) the busy timeline's figures over the last 10 s, as a probe's"
+    )
 
 
 class DeviceState(_Strict):

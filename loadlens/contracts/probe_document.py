@@ -95,6 +95,47 @@ class ProbeEvents(_Strict):
     cuda_graph_capture_seconds: float | None = Field(default=None, ge=0, description="summed over captures")
 
 
+class BusySpread(_Strict):
+    """p50 / p95 / max (nearest rank) of busy-run or idle-gap lengths in the window, seconds."""
+
+    p50: float = Field(ge=0)
+    p95: float = Field(ge=0)
+    max: float = Field(ge=0)
+
+
+class ProbeBusy(_Strict):
+    """The busy timeline's figures over the last ``window_seconds`` (loadlens.contracts.busy_math defines each)
+    and its running totals; present only in a process where something records the timeline (an ``nn.Module``
+    hook, vLLM's execute step)."""
+
+    source: str = Field(max_length=64, description="what is timed: module_forward, vllm_execute_model")
+    clock: Literal["cuda_event", "perf_counter", "sim_schedule"] = Field(
+        description="cuda_event: device time from CUDA events; perf_counter: host time of a synchronous CPU step; "
+        "sim_schedule: the sim's step schedule"
+    )
+    cuda_index: int | None = Field(default=None, ge=0, description="the timed CUDA device; null on the CPU")
+    uuid: str = Field(default="", description="that device's 'GPU-...' UUID; '' on the CPU or if unknown")
+    window_start: float = Field(description="Unix time the window begins")
+    window_seconds: float = Field(gt=0)
+    resolution_seconds: float = Field(gt=0, description="bin width of the series the period is found in")
+    swing_bin_seconds: float = Field(gt=0, description="bin width of the series swing_ratio is taken over")
+    busy_ratio: float = Field(ge=0, le=1, description="busy seconds / window seconds")
+    swing_ratio: float | None = Field(default=None, ge=0, le=1, description="p95 - p5 of the binned busy ratio")
+    period_seconds: float | None = Field(default=None, gt=0, description="dominant period (autocorrelation)")
+    period_reason: str | None = Field(default=None, description="why period_seconds is null (busy_math codes)")
+    busy_run: BusySpread | None = None
+    idle_gap: BusySpread | None = None
+    intervals_total: int = Field(ge=0, description="busy intervals recorded since the process started")
+    busy_seconds_total: float = Field(ge=0, description="their summed length")
+    dropped_total: int = Field(default=0, ge=0, description="CUDA event pairs dropped unresolved (queue full)")
+    idle_gap_bounds: list[float] = Field(default_factory=list, description="histogram upper bounds, seconds")
+    idle_gap_counts: list[int] = Field(
+        default_factory=list, description="cumulative count of idle gaps <= each bound, since the start"
+    )
+    idle_gap_count: int = Field(default=0, ge=0, description="idle gaps since the start (the +Inf bucket)")
+    idle_gap_sum: float = Field(default=0.0, ge=0, description="their summed length, seconds")
+
+
 class ProbeDocument(_Strict):
     version: int = Field(description=f"document version; this is version {PROBE_DOCUMENT_VERSION}")
     pid: int = Field(ge=1, description="os.getpid() in the writer's own PID namespace")
@@ -118,6 +159,7 @@ class ProbeDocument(_Strict):
     allocator_config: dict[str, str] = Field(default_factory=dict, description="PYTORCH_ALLOC_CONF as key -> value")
     devices: list[ProbeDevice] = Field(default_factory=list)
     events: ProbeEvents = Field(default_factory=ProbeEvents)
+    busy: ProbeBusy | None = Field(default=None, description="the busy timeline's figures; null: none recorded")
 
     @field_validator("role")
     @classmethod

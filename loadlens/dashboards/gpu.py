@@ -43,8 +43,13 @@ def dashboard(slos: SLOConfig) -> Dashboard:
                         f"loadlens_gpu_utilization_window_peak_to_trough_ratio{{{GPU}}}", "gpu {{gpu}} peak-to-trough"
                     ),
                     Target(f"loadlens_gpu_utilization_window_stddev_ratio{{{GPU}}}", "gpu {{gpu}} stddev"),
+                    Target(
+                        f"max by (gpu) (loadlens_gpu_busy_swing_ratio{{{GPU}}})", "gpu {{gpu}} busy timeline (10 ms)"
+                    ),
                 ),
-                f"Utilisation peak-to-trough over the window; line: {g['util_peak_to_trough_ratio']:.0%} threshold.",
+                "Utilisation peak-to-trough: NVML's samples over the window (coarse, ~1/6 s each) and, where a probe "
+                "or the sim records one, the busy timeline's 10 ms bins over 10 s (the swing alert's figure there); "
+                f"line: {g['util_peak_to_trough_ratio']:.0%} threshold.",
                 threshold=Threshold(g["util_peak_to_trough_ratio"]),
                 min=0,
             ),
@@ -54,8 +59,12 @@ def dashboard(slos: SLOConfig) -> Dashboard:
                 (
                     Target(f"loadlens_gpu_utilization_swing_period_seconds{{{GPU}}}", "gpu {{gpu}} period"),
                     Target(f"loadlens_gpu_utilization_sample_interval_seconds{{{GPU}}}", "gpu {{gpu}} sample interval"),
+                    Target(
+                        f"max by (gpu) (loadlens_gpu_busy_period_seconds{{{GPU}}})", "gpu {{gpu}} busy timeline period"
+                    ),
                 ),
-                "Dominant period of the swing (absent when flat); periods under 2× the sample interval are invisible.",
+                "Dominant period of the swing (absent when flat); periods under 2× the sample interval are invisible "
+                "in NVML's samples. The busy timeline's period comes from 1 ms bins: it resolves the guide's 29 ms.",
             ),
             Panel(
                 "SM and tensor activity (GPM)",

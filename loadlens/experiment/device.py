@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import threading
 import time
 import urllib.error
@@ -38,14 +37,11 @@ from types import TracebackType
 from typing import Any
 
 from loadlens.contracts.allocator_math import AllocatorReading, fragmentation
+from loadlens.contracts.busy_math import busy_stats, util_figures
 from loadlens.contracts.probe_document import ProbeDocument
 from loadlens.util.probe_directory import ProbeReader
 
 DEVICE_STATE_PATH = "/sim/device-state"
-MIN_AUTOCORRELATION = 0.3
-"""The swing period is reported only when the autocorrelation at that lag is at least this (else: no cycle)."""
-MIN_CYCLES = 4
-"""... and the window holds at least this many periods."""
 TOUCH_PROMPT = "hi"
 """The 1-token requests' prompt: shorter than one 16-token block, so no prefix cache hit changes its work."""
 
@@ -186,58 +182,6 @@ def fragmentation_figures(r: Reading | None) -> dict[str, float | None]:
     }
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank on the index ``int(q · (n − 1))`` of the sorted values."""
-    return sorted_values[int(q * (len(sorted_values) - 1))]
-
-
-def swing_period(values: list[float], interval: float) -> float | None:
-    """The dominant period (seconds) of an evenly sampled series: the lag of the highest autocorrelation after
-    its first drop below zero, up to a :data:`MIN_CYCLES`-th of the series, if that autocorrelation is at least
-    :data:`MIN_AUTOCORRELATION`. None for a flat series, no such peak, or a period under two sample intervals
-    (Nyquist: not resolvable)."""
-    n = len(values)
-    if n < 8:
-        return None
-    mean = statistics.fmean(values)
-    dev = [v - mean for v in values]
-    var = sum(d * d for d in dev)
-    if var <= 0:
-        return None
-
-    def acf(k: int) -> float:
-        return sum(dev[i] * dev[i + k] for i in range(n - k)) / var
-
-    longest = n // MIN_CYCLES
-    crossing = next((k for k in range(1, longest + 1) if acf(k) < 0), None)
-    if crossing is None:
-        return None
-    best = max(range(crossing + 1, longest + 1), key=acf, default=None)
-    if best is None or acf(best) < MIN_AUTOCORRELATION or best < 2:
-        return None
-    return best * interval
-
-
-def util_figures(samples: list[tuple[float, float]], interval: float | None) -> dict[str, float | None]:
-    """From ``(timestamp s, busy %)`` samples of the measured window: mean, p5, p95, peak-to-trough = p95 − p5,
-    the swing period (ms) and the sample interval (ms)."""
-    values = [v for _, v in samples]
-    if not values or interval is None:
-        keys = ("mean_pct", "p5_pct", "p95_pct", "peak_to_trough_pct", "swing_period_ms", "interval_ms", "samples")
-        return {f"util.{k}": None for k in keys}
-    ordered = sorted(values)
-    period = swing_period(values, interval)
-    return {
-        "util.mean_pct": statistics.fmean(values),
-        "util.p5_pct": percentile(ordered, 0.05),
-        "util.p95_pct": percentile(ordered, 0.95),
-        "util.peak_to_trough_pct": percentile(ordered, 0.95) - percentile(ordered, 0.05),
-        "util.swing_period_ms": None if period is None else period * 1000.0,
-        "util.interval_ms": interval * 1000.0,
-        "util.samples": float(len(values)),
-    }
-
-
 @dataclass
 class DeviceWatch:
     """What the multi_lora analysis asks the runner to measure; ``probe_dir`` (``--device-probe-dir``) takes
@@ -266,6 +210,7 @@ class DeviceSession:
     url: str
     steps: dict[str, dict[str, float | None]] = field(default_factory=dict)
     samples: dict[int, float] = field(default_factory=dict)
+    intervals: dict[int, int] = field(default_factory=dict)  # busy timeline: start µs -> end µs
     interval: float | None = None
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -307,6 +252,8 @@ class DeviceSession:
                 for s in dev["util_samples"]:
                     self.samples[int(s["timestamp_us"])] = float(s["gpu_percent"])
                     since = max(since, int(s["timestamp_us"]))
+                for iv in dev.get("busy_intervals") or ():  # version 3: the step schedule's busy timeline
+                    self.intervals[int(iv["start_us"])] = int(iv["end_us"])
             except urllib.error.HTTPError as err:
                 self.errors.append(f"GET {DEVICE_STATE_PATH}: HTTP {err.code}: no utilisation samples")
                 return  # not the sim: nothing to follow
@@ -339,4 +286,35 @@ class DeviceSession:
             (ts / 1e6, v) for ts, v in self.samples.items() if any(lo <= ts / 1e6 <= hi for lo, hi in windows)
         )
         out.update(util_figures(inside, self.interval))
+        out.update(busy_figures([(a / 1e6, b / 1e6) for a, b in self.intervals.items()], windows))
         return out
+
+
+BUSY_KEYS = ("ratio_pct", "swing_pct", "period_ms", "run_p50_ms", "run_p95_ms", "gap_p50_ms", "gap_p95_ms",
+             "gap_max_ms", "resolution_ms")  # fmt: skip
+
+
+def busy_figures(intervals: list[tuple[float, float]], windows: list[tuple[float, float]]) -> dict[str, float | None]:
+    """``busy.*``: the busy timeline's figures (loadlens.contracts.busy_math) in each measured window, averaged
+    over the windows (a null in one window is left out); all null without a timeline (a server whose
+    /sim/device-state has no ``busy_intervals``, or none at all)."""
+    out: dict[str, list[float]] = {k: [] for k in BUSY_KEYS}
+    for lo, hi in windows if intervals else ():
+        if hi <= lo:
+            continue
+        s = busy_stats(intervals, lo, hi)
+        values = {
+            "ratio_pct": 100.0 * s.busy_ratio,
+            "swing_pct": None if s.swing_ratio is None else 100.0 * s.swing_ratio,
+            "period_ms": None if s.period_seconds is None else 1e3 * s.period_seconds,
+            "run_p50_ms": None if s.busy_run is None else 1e3 * s.busy_run.p50,
+            "run_p95_ms": None if s.busy_run is None else 1e3 * s.busy_run.p95,
+            "gap_p50_ms": None if s.idle_gap is None else 1e3 * s.idle_gap.p50,
+            "gap_p95_ms": None if s.idle_gap is None else 1e3 * s.idle_gap.p95,
+            "gap_max_ms": None if s.idle_gap is None else 1e3 * s.idle_gap.max,
+            "resolution_ms": 1e3 * s.resolution_seconds,
+        }
+        for k, v in values.items():
+            if v is not None:
+                out[k].append(v)
+    return {f"busy.{k}": (sum(v) / len(v) if v else None) for k, v in out.items()}

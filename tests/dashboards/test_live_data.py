@@ -32,6 +32,8 @@ NO_DATA_IN_SHORT_SIM_RUN = {
     "loadlens-serving / Swap blocking / blocked mean",
     # The swing period is absent while utilisation is flat or fewer than two cycles fit in the window.
     "loadlens-gpu / Utilisation swing period / gpu {{gpu}} period",
+    # The same for the busy timeline's period (absent with a reason: a steady quick load has no cycle).
+    "loadlens-gpu / Utilisation swing period / gpu {{gpu}} busy timeline period",
 }
 
 

@@ -26,6 +26,7 @@ from loadlens.contracts.device_state import (
     SimDevice,
     UtilSample,
 )
+from loadlens.contracts.probe_document import BusySpread, ProbeBusy
 
 GIB = 1024**3
 MIB = 1024**2
@@ -121,6 +122,28 @@ def example_device(
             fp32_active_seconds=36.0,
             pcie_tx_bytes=3_600 * MIB,
             pcie_rx_bytes=7_200 * MIB,
+        ),
+        # The step schedule's figures: GPU 0 swings with guide 2.2's 84 ms period, GPU 1 runs steady.
+        busy=ProbeBusy(
+            source="sim_step",
+            clock="sim_schedule",
+            uuid=f"GPU-5e1f0000-0000-4000-8000-{index:012x}",
+            window_start=1_699_999_990.0,
+            window_seconds=10.0,
+            resolution_seconds=0.001,
+            swing_bin_seconds=0.01,
+            busy_ratio=0.68 if index == 0 else 0.97,
+            swing_ratio=0.5 if index == 0 else 0.02,
+            period_seconds=0.084 if index == 0 else None,
+            period_reason=None if index == 0 else "no_cycle",
+            busy_run=BusySpread(p50=0.057, p95=0.06, max=0.061),
+            idle_gap=BusySpread(p50=0.027, p95=0.03, max=0.031),
+            intervals_total=42_000,
+            busy_seconds_total=2_400.0,
+            idle_gap_bounds=[0.01, 0.05],
+            idle_gap_counts=[100, 41_900],
+            idle_gap_count=41_999,
+            idle_gap_sum=1_130.0,
         ),
     )
 

@@ -21,7 +21,28 @@ CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200"
 FILES = ("exporter-default.prom", "exporter-optin.prom", "torch-allocator.prom")
 # Series only the simulator can know: which engine component owns the memory (a device-state field that NVML
 # has no call for; docs/device-state.md).
-SIM_ONLY = {"loadlens_gpu_memory_owner_bytes"}
+SIM_ONLY = {
+    "loadlens_gpu_memory_owner_bytes",
+    # The busy timeline (issue 24 item 3) from the sim's step schedule; on a real GPU the same families come from
+    # the probe collector (a probe's CUDA events, with pid and role), which the H200 capture did not run.
+    *(
+        f"loadlens_gpu_busy_{name}"
+        for name in (
+            "info",
+            "ratio",
+            "swing_ratio",
+            "period_seconds",
+            "period_missing",
+            "window_run_seconds",
+            "window_idle_gap_seconds",
+            "window_seconds",
+            "resolution_seconds",
+            "intervals",
+            "seconds",
+            "idle_gap_seconds",
+        )
+    ),
+}
 # Added after the H200 capture: the utilisation collector (the same code on both backends) emits it beside the
 # other window series, with their labels; the next GPU capture (make gpu-check) will carry it.
 # The sampling pass's health (issue 24): emitted by the exporter itself, the same on both backends.

@@ -123,16 +123,23 @@ def test_unknown_version_is_version_mismatch(make_rig: MakeRig) -> None:
         rig.sim.nvmlInit()
 
 
-def test_reads_version_1_and_2_documents(make_rig: MakeRig) -> None:
-    # A version-1 document as its writers produced it: no gpm field at all.
-    v1 = default_state().model_dump(exclude={"devices": {"__all__": {"gpm"}}}) | {"version": 1}
+def test_reads_version_1_2_and_3_documents(make_rig: MakeRig) -> None:
+    # A version-1 document as its writers produced it: no gpm field (nor the later busy timeline) at all.
+    v1 = default_state().model_dump(exclude={"devices": {"__all__": {"gpm", "busy", "busy_intervals"}}}) | {
+        "version": 1
+    }
     rig = make_rig(DeviceState.model_validate(v1))
     rig.sim.nvmlInit()
     assert rig.sim.nvmlGpmQueryDeviceSupport(SimHandle(0)).isSupportedDevice == 0
-    rig.set_state(default_state())
-    assert default_state().version == 2
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # no busy timeline before version 3
+        rig.sim.loadlensSimBusy(SimHandle(0))
+    v2 = default_state().model_dump(exclude={"devices": {"__all__": {"busy", "busy_intervals"}}}) | {"version": 2}
+    rig.set_state(DeviceState.model_validate(v2))
     assert rig.sim.nvmlGpmQueryDeviceSupport(SimHandle(0)).isSupportedDevice == 1
-    later = make_rig(default_state().model_copy(update={"version": 3}))
+    rig.set_state(default_state())
+    assert default_state().version == 3
+    assert rig.sim.loadlensSimBusy(SimHandle(0)).period_seconds == 0.084
+    later = make_rig(default_state().model_copy(update={"version": 4}))
     with pytest.raises(pynvml.NVMLError_LibRmVersionMismatch):
         later.sim.nvmlInit()
 

@@ -76,6 +76,45 @@ def stats(reserved: int, allocated: int, requested: int, **extra: int) -> dict[s
     return base
 
 
+class FakeStream:
+    """A fake GPU's one stream, for ``torch.cuda.Event``: the test sets the device time (ms since the start) and
+    how much of the recorded work has run (``auto_complete``: everything, as soon as it is recorded)."""
+
+    def __init__(self, auto_complete: bool = True) -> None:
+        self.now_ms = 0.0
+        self.done_up_to = 0  # events recorded before this sequence number have run
+        self.sequence = 0
+        self.auto_complete = auto_complete
+        self.waits = 0  # Event.synchronize() calls
+
+
+class FakeEvent:
+    """Shaped like ``torch.cuda.Event``: record, query, elapsed_time, synchronize."""
+
+    stream: FakeStream
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.seq = -1
+        self.at_ms = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.seq = self.stream.sequence
+        self.at_ms = self.stream.now_ms
+        self.stream.sequence += 1
+
+    def query(self) -> bool:
+        return self.stream.auto_complete or self.seq < self.stream.done_up_to
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        assert self.query() and other.query(), "elapsed_time on an event still running would wait"
+        return other.at_ms - self.at_ms
+
+    def synchronize(self) -> None:
+        self.stream.waits += 1
+        self.stream.done_up_to = max(self.stream.done_up_to, self.seq + 1)
+
+
 class FakeCuda:
     """torch.cuda's surface the probe uses. ``calls`` records every call (none may synchronise)."""
 
@@ -95,6 +134,14 @@ class FakeCuda:
         self.traces_kwarg = traces_kwarg
         self.calls: list[str] = []
         self.fail_stats = False
+        self.stream = FakeStream()
+        self.Event = type("Event", (FakeEvent,), {"stream": self.stream})
+
+    def current_device(self) -> int:
+        return 0
+
+    def current_stream(self) -> FakeStream:
+        return self.stream
 
     def is_available(self) -> bool:
         return self.available

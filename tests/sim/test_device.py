@@ -140,7 +140,7 @@ def test_document_validates_and_sums_memory_by_owner() -> None:
     dev.record_busy(100.0, 100.05, memory_fraction=0.5, intensity=0.8, tensor_fraction=0.25)
     clock.t = 100.1
     doc = DeviceState.model_validate(device_state([dev], 0, realtime=lambda: 2_000.0))
-    assert doc.version == 2 and doc.timestamp_us == 2_000_000_000
+    assert doc.version == 3 and doc.timestamp_us == 2_000_000_000
     gpm = doc.devices[0].gpm
     assert gpm is not None
     # 50 ms of kernels in 5 periods of 10 ms: sums of those periods (rounding of the sums only).

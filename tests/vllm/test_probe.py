@@ -31,10 +31,12 @@ APPLIED = {
     ("lora_load", "vllm.lora.worker_manager"),
     ("cuda_graph_capture", "vllm.v1.worker.gpu_model_runner"),
     ("cuda_graph_capture", "vllm.v1.worker.gpu.model_runner"),
+    ("busy_timeline", "vllm.v1.worker.gpu_model_runner"),
+    ("busy_timeline", "vllm.v1.worker.gpu.model_runner"),
     ("worker_probe", "vllm.v1.worker.gpu_worker"),
     ("worker_probe", "vllm.v1.worker.cpu_worker"),
 }
-"""Every hook of exporters/vllm_plugin/hooks.py: vLLM 0.32's CPU build imports all five modules in its worker."""
+"""Every hook of exporters/vllm_plugin/hooks.py: vLLM 0.32's CPU build imports all their modules in its worker."""
 
 
 def plugin_lines(server: rig.VllmServer) -> list[tuple[str, str]]:

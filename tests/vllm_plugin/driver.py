@@ -11,6 +11,7 @@ import importlib
 import json
 import logging
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,24 @@ class FakeProbe:
         if options.get("probe_raises"):
             raise RuntimeError("probe is broken")
         records.append(["capture", seconds])
+
+    def busy_timeline(self, source: str) -> FakeTimeline:
+        return FakeTimeline(source)
+
+
+class FakeTimeline:
+    """The busy timeline's begin/end, on the driver's clock."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def begin(self) -> float:
+        if options.get("probe_raises"):
+            raise RuntimeError("probe is broken")
+        return clock.t
+
+    def end(self, token: float) -> None:
+        records.append(["busy", self.source, token, clock.t])
 
 
 class Clock:
@@ -118,6 +137,11 @@ if options.get("v2_runner"):
     # profile_only=True, a measurement and not the capture; the plugin must not record it.
     results["profile_capture"] = worker.model_runner.capture_model(profile_only=True)
 results["capture"] = worker.compile_or_warm_up_model()
+clock.advance(1.0)
+results["execute"] = worker.model_runner.execute_model("step-1")  # one engine step: forward, then sampling
+results["sample"] = worker.model_runner.sample_tokens("grammar-1")
+# a step with nothing scheduled (vLLM frees a finished request's state): no forward, not timed
+results["empty"] = worker.model_runner.execute_model(types.SimpleNamespace(total_num_scheduled_tokens=0))
 try:
     worker.add_lora(LoRARequest("missing", 3, "/nope"))
 except ValueError as exc:
@@ -134,6 +158,8 @@ modules = {
 for qualname in (
     "Worker.init_device",
     "GPUModelRunner.capture_model",
+    "GPUModelRunner.execute_model",
+    "GPUModelRunner.sample_tokens",
     "LRUCacheWorkerLoRAManager.add_adapter",
     "LRUCacheWorkerLoRAManager._load_adapter",
     "LRUCacheWorkerLoRAManager.set_active_adapters",
@@ -144,9 +170,13 @@ for qualname in (
     patched[qualname] = [bool(getattr(func, "__loadlens_hook__", False)), bool(getattr(inner, "__loadlens_hook__", 0))]
 
 document = None
+busy = None
 if probes:
     probes[0].write_now()
-    document = json.loads(probes[0].path.read_text())["events"]
+    written = json.loads(probes[0].path.read_text())
+    document = written["events"]
+    if written["busy"] is not None:
+        busy = {k: written["busy"][k] for k in ("source", "clock", "intervals_total")}
     probes[0].stop()
 
 finders = [type(f).__name__ for f in sys.meta_path if type(f).__module__.startswith("exporters")]
@@ -160,6 +190,7 @@ print(
             "patched": patched,
             "finders": finders,
             "document": document,
+            "busy": busy,
         }
     )
 )

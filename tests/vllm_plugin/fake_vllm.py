@@ -176,9 +176,24 @@ class GPUModelRunner:
     def add_lora(self, lora_request):
         return self.lora_manager.add_adapter(lora_request)
 
+    # vLLM 0.32's step: execute_model runs the forward and returns None, sample_tokens samples
+    def execute_model({execute_params}):
+        vllm.tick(0.003)
+
+    def sample_tokens(self, grammar_output):
+        vllm.tick(0.001)
+        return ["sampled", grammar_output]
+
     def _set_active_loras(self, prompt_lora_mapping, token_lora_mapping, lora_requests, mapping_type="language"):
         self.lora_manager.set_active_adapters(lora_requests, (token_lora_mapping, prompt_lora_mapping))
 """
+
+_EXECUTE = "self, scheduler_output, intermediate_tensors=None"
+# The second runner's execute_model (vLLM 0.32) takes its dummy-run options too; the plugin passes them through.
+_EXECUTE_V2 = (
+    "self, scheduler_output, intermediate_tensors=None, dummy_run=False, skip_attn_for_dummy_run=False, "
+    "is_profile=False, context_len=0, valid_dummy_state_slots=False, randomize_inputs=False"
+)
 
 _WORKER = """
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -241,12 +256,12 @@ def write(
         "vllm/v1/__init__.py": "",
         "vllm/v1/worker/__init__.py": "",
         "vllm/v1/worker/gpu_model_runner.py": _MODEL_RUNNER.format(
-            capture_method=capture_method, capture_params="self"
+            capture_method=capture_method, capture_params="self", execute_params=_EXECUTE
         ),
         "vllm/v1/worker/gpu/__init__.py": "",
         # the second runner's capture also measures: vLLM calls it with profile_only=True before the real one
         "vllm/v1/worker/gpu/model_runner.py": _MODEL_RUNNER.format(
-            capture_method=capture_method, capture_params="self, *, profile_only=False"
+            capture_method=capture_method, capture_params="self, *, profile_only=False", execute_params=_EXECUTE_V2
         ),
         "vllm/v1/worker/gpu_worker.py": _WORKER.format(capture_method=capture_method, v2_runner=v2_runner),
         "vllm/v1/worker/cpu_worker.py": _CPU_WORKER.format(cpu_init_params=cpu_init_params),

@@ -20,6 +20,8 @@ DRIVER = Path(__file__).with_name("driver.py")
 METHODS = (
     "Worker.init_device",
     "GPUModelRunner.capture_model",
+    "GPUModelRunner.execute_model",
+    "GPUModelRunner.sample_tokens",
     "LRUCacheWorkerLoRAManager.add_adapter",
     "LRUCacheWorkerLoRAManager._load_adapter",
     "LRUCacheWorkerLoRAManager.set_active_adapters",
@@ -33,6 +35,9 @@ EXPECTED_RECORDS = [
     ["lora", "chat", 16, 1010.375, 1010.75, True, "storage"],
     ["lora", "sql", 8, 1020.75, 1020.875, True, "cpu_cache"],
     ["capture", 2.0],
+    # one engine step at t=33.875: execute_model (3 ms), then sample_tokens (1 ms), each one busy interval
+    ["busy", "vllm_execute_model", 33.875, 33.878],
+    ["busy", "vllm_execute_model", 33.878, 33.879],
 ]
 VLLM_RESULTS = {
     "init_device": None,
@@ -42,6 +47,9 @@ VLLM_RESULTS = {
     "batch_again": None,
     "mapping": [[1, 1, 2], [1, 2]],  # what the model manager was handed: (per token, per prompt)
     "capture": 4096,
+    "execute": None,
+    "sample": ["sampled", "grammar-1"],
+    "empty": None,
     "error_is_vllms": True,
     "error": "Loading lora missing failed: No adapter found",
 }
@@ -97,6 +105,7 @@ def test_hooks_record_exact_values_and_vllm_results_are_unchanged(tmp_path: Path
     assert out["logs"] == [
         "INFO loadlens vllm plugin: hook lora_load applied to vllm.lora.worker_manager (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: hook busy_timeline applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook worker_probe applied to vllm.v1.worker.gpu_worker (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: probe started in worker process (CUDA)",
         *(
@@ -105,6 +114,7 @@ def test_hooks_record_exact_values_and_vllm_results_are_unchanged(tmp_path: Path
             for hook, module in (
                 ("worker_probe", "vllm.v1.worker.cpu_worker"),
                 ("cuda_graph_capture", "vllm.v1.worker.gpu.model_runner"),
+                ("busy_timeline", "vllm.v1.worker.gpu.model_runner"),
             )
         ),
     ]
@@ -132,7 +142,7 @@ def test_an_unsupported_version_patches_nothing_and_says_why(tmp_path: Path, ver
     assert out["results"] == VLLM_RESULTS
     assert out["logs"] == [
         f"WARNING loadlens vllm plugin: hook {hook} not applied (vLLM {version}): {why}"
-        for hook in ("lora_load", "cuda_graph_capture", "worker_probe")
+        for hook in ("lora_load", "cuda_graph_capture", "busy_timeline", "worker_probe")
     ]
 
 
@@ -144,7 +154,7 @@ def test_a_renamed_method_refuses_only_its_hook(tmp_path: Path) -> None:
     ) in out["logs"]
     assert out["patched"]["GPUModelRunner.capture_model"] == [False, False]  # absent, nothing was added
     assert out["patched"]["LRUCacheWorkerLoRAManager.add_adapter"] == [True, False]
-    assert out["records"] == EXPECTED_RECORDS[:3]  # LoRA loads still recorded, no capture record
+    assert out["records"] == EXPECTED_RECORDS[:3] + EXPECTED_RECORDS[4:]  # no capture record; the others still
     assert out["results"] == VLLM_RESULTS
 
 
@@ -157,7 +167,7 @@ def test_another_signature_refuses_the_whole_hook(tmp_path: Path) -> None:
     ) in out["logs"]
     lora_methods = [m for m in METHODS if m.startswith("LRUCache")]
     assert all(out["patched"][m] == [False, False] for m in lora_methods)  # all of the hook or none of it
-    assert out["records"] == EXPECTED_RECORDS[3:]
+    assert out["records"] == EXPECTED_RECORDS[3:]  # capture and the step
 
 
 def test_a_failing_probe_never_breaks_vllm(tmp_path: Path) -> None:
@@ -170,6 +180,8 @@ def test_a_failing_probe_never_breaks_vllm(tmp_path: Path) -> None:
         "vLLM continues, further failures of this hook are not logged",
         "WARNING loadlens vllm plugin: hook cuda_graph_capture failed while recording (RuntimeError: probe is "
         "broken); vLLM continues, further failures of this hook are not logged",
+        "WARNING loadlens vllm plugin: hook busy_timeline failed while recording (RuntimeError: probe is broken); "
+        "vLLM continues, further failures of this hook are not logged",
     ]
 
 
@@ -194,16 +206,23 @@ def test_the_real_probe_receives_the_records(tmp_path: Path) -> None:
     ]
     assert (events["lora_loads_total"], events["lora_on_demand_loads_total"]) == (3, 2)
     assert events["cuda_graph_capture_seconds"] == 2.0
+    # The step's two calls, timed with (fake) CUDA events: one busy interval each.
+    assert out["busy"] == {"source": "vllm_execute_model", "clock": "cuda_event", "intervals_total": 2}
     assert not list((tmp_path / "probe").glob("*.json"))  # stop() removed the document
 
 
 def test_the_second_model_runner_is_hooked_when_vllm_uses_it(tmp_path: Path) -> None:
     out = _run(fake_vllm.write(tmp_path, v2_runner=True), v2_runner=True)
-    assert out["records"] == EXPECTED_RECORDS  # one capture: the profiling run before it is not recorded
+    # one capture: the profiling run before it (2 s more on the clock) is not recorded
+    step = [["busy", "vllm_execute_model", 35.875, 35.878], ["busy", "vllm_execute_model", 35.878, 35.879]]
+    assert out["records"] == EXPECTED_RECORDS[:4] + step
     assert out["results"] == {**VLLM_RESULTS, "profile_capture": VLLM_RESULTS["capture"]}
     assert out["patched"]["GPUModelRunner.capture_model"] == [True, False]
     assert (
         "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu.model_runner (vLLM 0.33.0)"
+    ) in out["logs"]
+    assert (
+        "INFO loadlens vllm plugin: hook busy_timeline applied to vllm.v1.worker.gpu.model_runner (vLLM 0.33.0)"
     ) in out["logs"]
     assert out["finders"] == ["PostImportFinder"]  # it still waits for the CPU worker's module only
     assert [line for line in out["logs"] if "not applied yet" in line] == [
@@ -216,7 +235,7 @@ def test_without_the_slot_table_reactivations_are_not_guessed(tmp_path: Path) ->
     # A vLLM whose model manager keeps its GPU slots under another name: reads are still recorded; a move from
     # the CPU cache cannot be told from a no-op activation, so none is recorded rather than a wrong one.
     out = _run(fake_vllm.write(tmp_path, active_attr="_slots"))
-    assert out["records"] == [EXPECTED_RECORDS[0], EXPECTED_RECORDS[1], EXPECTED_RECORDS[3]]
+    assert out["records"] == [EXPECTED_RECORDS[0], EXPECTED_RECORDS[1], *EXPECTED_RECORDS[3:]]
     assert out["results"] == VLLM_RESULTS
 
 
@@ -230,12 +249,17 @@ def test_the_cpu_worker_starts_the_probe_and_its_document_has_no_devices(tmp_pat
     assert out["logs"] == [
         "INFO loadlens vllm plugin: hook lora_load applied to vllm.lora.worker_manager (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook cuda_graph_capture applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
+        "INFO loadlens vllm plugin: hook busy_timeline applied to vllm.v1.worker.gpu_model_runner (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook worker_probe applied to vllm.v1.worker.gpu_worker (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: hook worker_probe applied to vllm.v1.worker.cpu_worker (vLLM 0.33.0)",
         "INFO loadlens vllm plugin: probe started in worker process (no CUDA)",
         "INFO loadlens vllm plugin: hook cuda_graph_capture not applied yet: vllm.v1.worker.gpu.model_runner not "
         "imported by this worker (vLLM does not use it here); applied if it is imported later",
+        "INFO loadlens vllm plugin: hook busy_timeline not applied yet: vllm.v1.worker.gpu.model_runner not "
+        "imported by this worker (vLLM does not use it here); applied if it is imported later",
     ]
+    # The step's two calls, timed on the host (no CUDA): one busy interval each.
+    assert out["busy"] == {"source": "vllm_execute_model", "clock": "perf_counter", "intervals_total": 2}
     events = out["document"]
     assert [(e["adapter"], e["on_demand"], e["source"]) for e in events["lora_loads"]] == [
         ("sql", False, "storage"),
@@ -256,4 +280,5 @@ def test_a_cpu_worker_of_another_shape_is_refused_in_one_line_and_vllm_still_ser
     ]
     assert out["results"] == VLLM_RESULTS
     assert out["roles"] == [] and out["records"] == []
-    assert sum(" applied to " in line for line in out["logs"]) == 3  # lora_load, capture, the GPU worker's probe
+    # lora_load, capture, busy_timeline, the GPU worker's probe
+    assert sum(" applied to " in line for line in out["logs"]) == 4

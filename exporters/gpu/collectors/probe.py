@@ -3,7 +3,8 @@
 Each document becomes the ``loadlens_gpu_allocator_*`` series of the sim's allocator model with two more
 labels, ``pid`` and ``role``, joined to this exporter's GPU labels by UUID (a GPU NVML does not list keeps
 ``gpu=""`` and the probe's device name as ``model``), plus the probe's own series: pools, allocator config,
-LoRA loads, CUDA graph capture time, and the documents read and dropped. A bad document is dropped and
+LoRA loads, CUDA graph capture time, the busy timeline's ``loadlens_gpu_busy_*`` (exporters/gpu/busy.py),
+and the documents read and dropped. A bad document is dropped and
 counted, never a failed scrape.
 """
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import Metric
 
 from exporters.gpu.allocator import allocator_families, reading_from_state
+from exporters.gpu.busy import BusyFamilies
 from exporters.gpu.collector import DEVICE_LABELS, GpuCollector, Scrape, counter, gauge
 from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.session import Session
@@ -68,8 +70,12 @@ class ProbeCollector(GpuCollector):
             DEVICE_PROCESS_LABELS,
         )
         fams = _ProcessFamilies()
+        busy = BusyFamilies(DEVICE_PROCESS_LABELS)
         for doc in result.documents:
             proc = [str(doc.pid), doc.role]
+            if doc.busy is not None:  # a CPU timeline has no device: gpu, uuid and model are ""
+                gpu, uuid, model = by_uuid.get(doc.busy.uuid, ("", doc.busy.uuid, ""))
+                busy.add([gpu, uuid, model, *proc], doc.busy)
             for d in doc.devices:
                 gpu, uuid, model = by_uuid.get(d.uuid, ("", d.uuid, d.name))
                 labels = [gpu, uuid, model, *proc]
@@ -83,6 +89,7 @@ class ProbeCollector(GpuCollector):
         yield from allocator_families(readings, DEVICE_PROCESS_LABELS)
         yield from (pools, pool_bytes, snap_age)
         yield from fams.families()
+        yield from busy.families()
         docs = gauge("probe_documents", "Probe documents read and kept this scrape.", [])
         docs.add_metric([], float(len(result.documents)))
         dropped = gauge("probe_documents_dropped", "Probe documents dropped this scrape, by reason.", ["reason"])

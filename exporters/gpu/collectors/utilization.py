@@ -7,7 +7,8 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporters.gpu.collector import GpuCollector, Scrape, gauge
+from exporters.gpu.busy import BusyFamilies
+from exporters.gpu.collector import DEVICE_LABELS, GpuCollector, Scrape, gauge
 from exporters.gpu.registration import BuildContext, register_collector
 from exporters.gpu.sampler import Sampler
 from exporters.gpu.session import Session
@@ -25,7 +26,9 @@ _WINDOW_STATS: tuple[tuple[str, str], ...] = (
 
 
 class UtilizationCollector(GpuCollector):
-    """Sources: nvmlDeviceGetUtilizationRates (instant); nvmlDeviceGetSamples via the sampler (window)."""
+    """Sources: nvmlDeviceGetUtilizationRates (instant); nvmlDeviceGetSamples via the sampler (window); on the sim
+    backend also the step schedule's busy timeline (``loadlens_gpu_busy_*``, exporters/gpu/busy.py; on a real GPU
+    those come from the probe collector)."""
 
     name = "utilization"
 
@@ -57,7 +60,12 @@ class UtilizationCollector(GpuCollector):
             "Length of the rolling window the window statistics cover (--window): a reader slicing a period out of "
             "them skips this much of its start, which still holds samples from before it.",
         )
+        timeline = BusyFamilies(DEVICE_LABELS)
         for dev in scrape.devices():
+            if self.session.backend == "sim":
+                figures = scrape.read(dev, nvml.sim_busy, dev.handle)
+                if figures is not None:
+                    timeline.add(dev.labels, figures)
             rates = scrape.read(dev, nvml.utilization, dev.handle)
             if rates is not None:
                 util.add_metric(dev.labels, rates[0])
@@ -77,6 +85,7 @@ class UtilizationCollector(GpuCollector):
             length.add_metric(dev.labels, float(self._sampler.window))
         yield util
         yield busy
+        yield from timeline.families()
         if self._sampler is not None:
             yield from window.values()
             yield period

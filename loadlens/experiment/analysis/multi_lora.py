@@ -56,7 +56,8 @@ def multi_lora_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfi
         tasks = len(t.adapters)
         util_rows.append(
             {"trial": t.name, "tasks": tasks, **{k: _mean(t, f"util.{k}") for k in (
-                "mean_pct", "peak_to_trough_pct", "swing_period_ms", "p5_pct", "p95_pct", "interval_ms", "samples")}}
+                "mean_pct", "peak_to_trough_pct", "swing_period_ms", "p5_pct", "p95_pct", "interval_ms", "samples")},
+             **{f"busy_{k}": _mean(t, f"busy.{k}") for k in ("ratio_pct", "swing_pct", "period_ms", "gap_p95_ms")}}
         )  # fmt: skip
         ratio = _mean(t, "vram.rounding_overhead_ratio")
         vram_rows.append({
@@ -80,11 +81,16 @@ def multi_lora_analysis(spec: Analysis, result: ExperimentResult, slos: SLOConfi
                 {"trial": t.name, "model": model or "overall", **{k: _mean(t, prefix + k) for k, _, _ in MODEL_KEYS}}
             )
     result.tables = [
-        Table(name="utilisation", title="GPU utilisation during the measured load (guide 2.2's table)",
+        Table(name="utilisation", title="GPU utilisation during the measured load (guide 2.2's table): "
+                                                     "NVML-style samples, then the busy timeline",
               columns=_cols(("trial", "trial", ""), ("tasks", "tasks", "adapters"), ("mean_pct", "mean util", "%"),
                             ("peak_to_trough_pct", "peak-to-trough (p95 - p5)", "%"),
                             ("swing_period_ms", "swing period", "ms"), ("p5_pct", "p5", "%"), ("p95_pct", "p95", "%"),
-                            ("interval_ms", "sample interval", "ms"), ("samples", "samples", "")),
+                            ("interval_ms", "sample interval", "ms"), ("samples", "samples", ""),
+                            ("busy_ratio_pct", "busy (timeline)", "%"),
+                            ("busy_swing_pct", "swing, 10 ms bins (timeline)", "%"),
+                            ("busy_period_ms", "period, 1 ms bins (timeline)", "ms"),
+                            ("busy_gap_p95_ms", "idle gap p95 (timeline)", "ms")),
               rows=util_rows),
         Table(name="vram", title="adapter memory and fragmentation (adapters made resident one by one)",
               columns=_cols(("trial", "trial", ""), ("tasks", "tasks", "adapters"),

@@ -25,6 +25,7 @@ power, energy, temperature and clocks, published as the :class:`DeviceState` doc
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
 import random
@@ -40,6 +41,7 @@ from exporters.serving.engines.sim.profile import GPUProfile
 from loadlens.contracts.device_state import (
     DEVICE_STATE_VERSION,
     AllocatorState,
+    BusyInterval,
     DeviceProcess,
     DeviceState,
     GpmCounters,
@@ -47,6 +49,8 @@ from loadlens.contracts.device_state import (
     SimDevice,
     UtilSample,
 )
+from loadlens.contracts.probe_document import ProbeBusy
+from loadlens.util.busy_report import WINDOW_S, BusyReport
 
 SAMPLE_INTERVAL_SECONDS = 0.01
 RING_SAMPLES = 6000
@@ -58,6 +62,14 @@ MEMORY_BOUND_INTENSITY = 0.55
 THERMAL_SLOWDOWN_CLOCK = 0.85
 SM_OCCUPANCY_WHILE_BUSY = 0.25
 """Resident warps over the maximum while a kernel runs (an assumption: the H200 read 14 % in a bf16 matmul)."""
+with contextlib.suppress(ImportError):  # the busy figures' FFT: imported at start-up, not in the first request
+    import numpy  # noqa: F401
+
+BUSY_RING = 65_536
+"""Step intervals kept for the busy timeline (the document carries those of the last ``WINDOW_S``)."""
+BUSY_REFRESH_SECONDS = 1.0
+"""The busy figures are recomputed at most this often (a few ms of the event loop's time each, on 10 s of 1 ms
+bins); between two, a document carries the last ones."""
 DRIVER_VERSION = "550.54.15"
 CUDA_DRIVER_VERSION = 12040
 
@@ -70,6 +82,32 @@ def round_alloc(nbytes: int) -> int:
 class _Adapter:
     blocks: list[int]
     requested: int
+
+
+class StepTimeline:
+    """The steps' kernel intervals as a busy timeline (loadlens.util.busy_report.Timeline), Unix seconds: the
+    engine's schedule, so nothing is pending and nothing is dropped."""
+
+    source = "sim_step"
+    clock = "sim_schedule"
+    cuda_index: int | None = None
+    dropped_total = 0
+    pending = 0
+
+    def __init__(self) -> None:
+        self.ring: deque[tuple[float, float]] = deque(maxlen=BUSY_RING)
+        self.recorded_total = 0
+        self.busy_seconds_total = 0.0
+
+    def add(self, start: float, end: float, seconds: float) -> None:
+        """One step's kernels, Unix seconds; ``seconds`` their length on the monotonic clock (exact, where the
+        difference of two Unix times near 1.7e9 keeps only about 0.2 µs)."""
+        self.ring.append((start, end))
+        self.recorded_total += 1
+        self.busy_seconds_total += seconds
+
+    def intervals(self, since: float = -math.inf) -> list[tuple[float, float]]:
+        return [iv for iv in self.ring if iv[1] > since]
 
 
 class SimulatedGPU:
@@ -122,6 +160,9 @@ class SimulatedGPU:
         self._free_blocks: list[int] = []
         self.alloc_retries = 0
         self.ooms = 0
+        self.timeline = StepTimeline()
+        self._busy_report = BusyReport(self.timeline, uuid=self.uuid)
+        self._busy_cache: tuple[float, ProbeBusy] | None = None  # (monotonic time computed, figures)
 
     # --- memory --------------------------------------------------------------------------------------------
 
@@ -194,6 +235,7 @@ class SimulatedGPU:
         ``tensor_fraction`` of it the tensor pipes, and ``intensity`` (0-1) scales the dynamic power."""
         if end <= start:
             return
+        self.timeline.add(self._unix(start), self._unix(end), end - start)
         # Later intervals never start before this one, so every period ending by ``start`` is final.
         self._advance(start)
         p = self._period
@@ -208,6 +250,9 @@ class SimulatedGPU:
                 self._mem_busy[k] = self._mem_busy.get(k, 0.0) + dt * memory_fraction
                 self._heat[k] = self._heat.get(k, 0.0) + dt * intensity
                 self._tensor[k] = self._tensor.get(k, 0.0) + dt * tensor_fraction
+
+    def _unix(self, t: float) -> float:
+        return self._real_origin + (t - self._origin)
 
     def _advance(self, now: float) -> None:
         """Finalise every sample period that has ended by ``now``."""
@@ -278,6 +323,11 @@ class SimulatedGPU:
 
     def snapshot(self, since_us: int = 0) -> SimDevice:
         samples = self.samples_since(since_us)
+        now = self._unix(self._clock())
+        after = max(since_us / 1e6, now - WINDOW_S)
+        steps = [
+            BusyInterval(start_us=round(a * 1e6), end_us=round(b * 1e6)) for a, b in self.timeline.intervals(after)
+        ]
         g = self.gpu
         adapters_alloc = self.adapter_bytes
         cached = self.cached_free_bytes
@@ -339,7 +389,15 @@ class SimulatedGPU:
             clock_event_reasons=list(self._reasons),
             processes=[DeviceProcess(pid=os.getpid(), name=_process_name(), used_bytes=used)],
             gpm=self.gpm_counters(),
+            busy_intervals=steps,
+            busy=self._busy_figures(now),
         )
+
+    def _busy_figures(self, now: float) -> ProbeBusy:
+        at = self._clock()
+        if self._busy_cache is None or at - self._busy_cache[0] >= BUSY_REFRESH_SECONDS:
+            self._busy_cache = (at, self._busy_report.section(now))
+        return self._busy_cache[1]
 
     def gpm_counters(self) -> GpmCounters:
         """The cumulative GPM counters up to the last finalised sample period."""
