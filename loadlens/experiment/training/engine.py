@@ -84,7 +84,9 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Any:
     config = LlamaConfig(**fields, num_key_value_heads=fields["num_attention_heads"], use_cache=False)
     model: Any = LlamaForCausalLM(config)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        with warnings.catch_warnings():  # transformers >= 5.x renames it activation_checkpointing_enable: theirs
+            warnings.filterwarnings("ignore", "`gradient_checkpointing_enable` is deprecated", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora:
         lora = LoraConfig(
             r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.target_modules), lora_dropout=0.0,
@@ -127,7 +129,15 @@ def validation_loss(model: Any, val: torch.Tensor, micro_batch: int) -> float:
     return total / n
 
 
-def train(
+def train(cfg: TrainConfig, **kwargs: Any) -> RunRecord:
+    """Train one run; a crash (crash_after_step, or an out-of-memory error) ends it early and is recorded."""
+    with warnings.catch_warnings():
+        # peft and the checkpointing path read transformers' deprecated is_gradient_checkpointing: theirs.
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        return _train(cfg, **kwargs)
+
+
+def _train(
     cfg: TrainConfig,
     *,
     run_name: str,
@@ -136,7 +146,6 @@ def train(
     metrics: TrainingMetrics | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
 ) -> RunRecord:
-    """Train one run; a crash (crash_after_step, or an out-of-memory error) ends it early and is recorded."""
     slos = slos if slos is not None else load_slos()
     device = pick_device(cfg)
     chain = MarkovChain.make(cfg.vocab, cfg.corpus_seed)
@@ -162,7 +171,6 @@ def train(
     )
     started = time.perf_counter()
     telemetry.attach(model)
-    warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)  # transformers'
     try:
         for step in range(1, cfg.total_steps + 1):
             spiking = cfg.spike_step > 0 and cfg.spike_step <= step < cfg.spike_step + cfg.spike_steps
