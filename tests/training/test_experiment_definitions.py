@@ -110,8 +110,21 @@ def test_spread_and_boundary() -> None:
 
 
 def _trial(index: int, name: str, params: dict[str, object], runs: list[dict[str, float | None]]) -> Trial:
-    trial_runs = [TrialRun(repeat=i + 1, run_id=f"r{i + 1}", result_path="x", log_path="x", exit_code=0, completed=True,
-                           start_timestamp=0, end_timestamp=1, duration_s=1, figures=f) for i, f in enumerate(runs)]  # fmt: skip
+    trial_runs = [
+        TrialRun(
+            repeat=i + 1,
+            run_id=f"r{i + 1}",
+            result_path="x",
+            log_path="x",
+            exit_code=0,
+            completed=True,
+            start_timestamp=0,
+            end_timestamp=1,
+            duration_s=1,
+            figures=f,
+        )
+        for i, f in enumerate(runs)
+    ]
     keys = sorted({k for f in runs for k in f})
     figures = {}
     for k in keys:
@@ -129,8 +142,15 @@ def _result(trials: list[Trial], kind: str) -> ExperimentResult:
 
 def test_accumulation_analysis_on_constructed_figures() -> None:
     rows = {2: (0.30, 0.9, 1.00), 4: (0.20, 0.6, 1.02), 8: (0.10, 0.3, 1.08), 16: (0.05, 0.2, 1.30)}
-    trials = [_trial(i, f"acc{k}", {"accumulation": k}, [{"lora_a_grad_norm_std": a, "lora_b_grad_norm_std": b,
-              "final_val_loss": v, "optimizer_steps": 64 / k}]) for i, (k, (a, b, v)) in enumerate(rows.items())]  # fmt: skip
+    trials = [
+        _trial(
+            i,
+            f"acc{k}",
+            {"accumulation": k},
+            [{"lora_a_grad_norm_std": a, "lora_b_grad_norm_std": b, "final_val_loss": v, "optimizer_steps": 64 / k}],
+        )
+        for i, (k, (a, b, v)) in enumerate(rows.items())
+    ]
     result = _result(trials, "accumulation_sensitivity")
     accumulation_analysis(TrainingAnalysis(kind="accumulation_sensitivity", threshold=0.05), result)
     table = result.tables[0].rows
@@ -138,7 +158,10 @@ def test_accumulation_analysis_on_constructed_figures() -> None:
     assert [r["exceeds"] for r in table] == [False, False, True, True]
     assert result.tables[1].rows == [{"boundary": 8.0, "threshold": 0.05}]
     assert [(f.name, f.passed) for f in result.findings] == [
-        ("boundary", None), ("lora_a_grad_norm_std_falls", True), ("lora_b_grad_norm_std_falls", True)]
+        ("boundary", None),
+        ("lora_a_grad_norm_std_falls", True),
+        ("lora_b_grad_norm_std_falls", True),
+    ]
     assert [p.y for p in result.plots] == [["lora_a_grad_norm_std", "lora_b_grad_norm_std"], ["val_loss_change"]]
 
 

@@ -47,7 +47,9 @@ def _pair(trials: list[Trial], t: Trial, key: str) -> Trial | None:
 
 
 def _same_trajectory(a: Trial, b: Trial, what: str, key: str, tolerance: float) -> Finding:
-    diffs = [abs(x - y) for x, y in zip(_values(a, key), _values(b, key), strict=False) if x is not None and y is not None]
+    diffs = [
+        abs(x - y) for x, y in zip(_values(a, key), _values(b, key), strict=False) if x is not None and y is not None
+    ]
     name = f"{what}_leaves_training_unchanged"
     if not diffs:
         return Finding(name=name, passed=None, detail=f"{a.name} vs {b.name}: no run pair to compare")
@@ -113,7 +115,8 @@ def stability_analysis(spec: TrainingAnalysis, result: ExperimentResult) -> None
                        *(Column(key=k, label=f"{v} fires") for k, v in ALERT_NAMES.items())], rows=tele),
         Table(name="alerts", title="per run: crash and the alerts that would fire",
               columns=[cfg_col, Column(key="seed", label="seed"), Column(key="crash", label="crash"),
-                       Column(key="crash_step", label="crash step"), Column(key="convergence_step", label="converged at"),
+                       Column(key="crash_step", label="crash step"),
+                       Column(key="convergence_step", label="converged at"),
                        Column(key="grad_norm_jumps", label="jumps"),
                        Column(key="correlation_low_steps", label="steps with correlation < min"),
                        Column(key="alerts", label="alerts firing")], rows=per_run),
@@ -154,11 +157,26 @@ def accumulation_analysis(spec: TrainingAnalysis, result: ExperimentResult) -> N
             Column(key="final_val_loss", label="validation loss", unit="nats"),
             Column(key="val_loss_change", label="validation-loss change", unit="nats"),
             Column(key="exceeds", label=f"change > {spec.threshold:g}")]  # fmt: skip
-    result.tables = [Table(name="accumulation", title="grad-norm spread and validation-loss change per accumulation "
-                           "(means over seeds; change against the smallest setting)", columns=cols, rows=rows)]
-    result.tables.append(Table(name="boundary", title="boundary", columns=[
-        Column(key="boundary", label="first accumulation whose change exceeds the threshold"),
-        Column(key="threshold", label="threshold", unit="nats")], rows=[{"boundary": edge, "threshold": spec.threshold}]))
+    result.tables = [
+        Table(
+            name="accumulation",
+            title="grad-norm spread and validation-loss change per accumulation "
+            "(means over seeds; change against the smallest setting)",
+            columns=cols,
+            rows=rows,
+        )
+    ]
+    result.tables.append(
+        Table(
+            name="boundary",
+            title="boundary",
+            columns=[
+                Column(key="boundary", label="first accumulation whose change exceeds the threshold"),
+                Column(key="threshold", label="threshold", unit="nats"),
+            ],
+            rows=[{"boundary": edge, "threshold": spec.threshold}],
+        )
+    )
     result.plots = [
         Plot(name="grad_norm_std", title="grad-norm std vs accumulation steps", x="accumulation",
              x_label="accumulation steps", y=["lora_a_grad_norm_std", "lora_b_grad_norm_std"],
@@ -166,8 +184,15 @@ def accumulation_analysis(spec: TrainingAnalysis, result: ExperimentResult) -> N
         Plot(name="val_loss_change", title="validation-loss change vs accumulation steps", x="accumulation",
              x_label="accumulation steps", y=["val_loss_change"], y_label="change (nats)", log_x=True),
     ]  # fmt: skip
-    findings = [Finding(name="boundary", passed=None, detail=f"first accumulation with a change > {spec.threshold:g} "
-                        f"nats: {edge:g}" if edge is not None else f"no setting changes the loss by > {spec.threshold:g}")]
+    findings = [
+        Finding(
+            name="boundary",
+            passed=None,
+            detail=f"first accumulation with a change > {spec.threshold:g} nats: {edge:g}"
+            if edge is not None
+            else f"no setting changes the loss by > {spec.threshold:g}",
+        )
+    ]
     for key in ("lora_a_grad_norm_std", "lora_b_grad_norm_std"):
         lo, hi = (rows[0][key], rows[-1][key]) if len(rows) >= 2 else (None, None)
         if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
@@ -176,7 +201,8 @@ def accumulation_analysis(spec: TrainingAnalysis, result: ExperimentResult) -> N
         findings.append(Finding(
             name=f"{key}_falls", passed=hi < lo,
             detail=f"{lo:.4g} at accumulation {rows[0]['accumulation']} vs {hi:.4g} at {rows[-1]['accumulation']} "
-            "(averaging k micro-batch gradients divides their noise variance by k: the spread should fall)"))  # fmt: skip
+            "(averaging k micro-batch gradients divides their noise variance by k: the spread should fall)",
+        ))  # fmt: skip
     result.findings = findings
 
 

@@ -106,7 +106,7 @@ def layer_widths(fields: dict[str, int]) -> dict[str, tuple[int, int]]:
 
 def _typed(key: str, value: Any, where: str) -> Any:
     f = KEYS[key]
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ExperimentError(f"{where}: must be true or false, got {value!r}")

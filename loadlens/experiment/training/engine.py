@@ -80,7 +80,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
-    fields = cfg.model_fields(device.type == "cuda")
+    fields: dict[str, Any] = dict(cfg.model_fields(device.type == "cuda"))
     config = LlamaConfig(**fields, num_key_value_heads=fields["num_attention_heads"], use_cache=False)
     model: Any = LlamaForCausalLM(config)
     if cfg.gradient_checkpointing:
@@ -89,7 +89,10 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Any:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora:
         lora = LoraConfig(
-            r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.target_modules), lora_dropout=0.0,
+            r=cfg.rank,
+            lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft annotates int; a float works
+            target_modules=list(cfg.target_modules),
+            lora_dropout=0.0,
             modules_to_save=["lm_head"] if cfg.train_head else None,
         )
         with warnings.catch_warnings():

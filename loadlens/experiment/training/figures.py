@@ -50,7 +50,8 @@ def run_figures(cfg: TrainConfig, record: RunRecord, slos: SLOConfig) -> tuple[d
         "loss_floor": record.loss_floor,
         "final_train_loss": finite[-1] if finite and crash is None else None,
         "train_loss_sum": sum(finite) if finite and crash is None else None,
-        "grad_norm_mean": statistics.fmean(g) if (g := [s.grad_norm for s in steps if s.grad_norm is not None])
+        "grad_norm_mean": statistics.fmean(g)
+        if (g := [s.grad_norm for s in steps if s.grad_norm is not None])
         else None,
         "grad_norm_std": spread([s.grad_norm for s in steps], cfg.measure_from),
         "lora_a_grad_norm_std": spread([s.grad_norm_lora_a for s in steps], cfg.measure_from),

@@ -129,8 +129,8 @@ def parse_training(doc: Any, source: Path, overrides: dict[str, str] | None = No
         spec = TrainingSpec.model_validate(doc)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ExperimentError(f"{src}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ExperimentError(f"{src}: {loc}: {first['msg'].removeprefix('Value error, ')}") from None
     if not NAME_RE.match(spec.name):
         raise ExperimentError(f"{src}: name: must match {NAME_RE.pattern}, got {spec.name!r}")
     params = dict(spec.parameters)
@@ -152,10 +152,10 @@ def parse_training(doc: Any, source: Path, overrides: dict[str, str] | None = No
         if len(t.sweep) > 1:
             raise ExperimentError(f"{src}: trials.{i}.sweep: one key at most, got {sorted(t.sweep)}")
         combos: list[dict[str, Param]] = [{}]
-        for key, raw in t.sweep.items():
-            combos = [{key: v} for v in _values(raw, params, f"{src}: trials.{i}.sweep.{key}")]
-            if isinstance(raw, str):
-                where[key] = f"{src}: parameters.{raw[2:-1]}"
+        for key, axis in t.sweep.items():
+            combos = [{key: v} for v in _values(axis, params, f"{src}: trials.{i}.sweep.{key}")]
+            if isinstance(axis, str):
+                where[key] = f"{src}: parameters.{axis[2:-1]}"
             else:
                 where[key] = f"{src}: trials.{i}.sweep.{key}"
         for swept in combos:
@@ -173,7 +173,9 @@ def parse_training(doc: Any, source: Path, overrides: dict[str, str] | None = No
             trials.append(TrainingTrial(len(trials), name, {**recorded, **swept}, cfg))
     names = [t.name for t in trials]
     if len(set(names)) != len(names):
-        raise ExperimentError(f"{src}: trials: duplicate trial names {sorted({n for n in names if names.count(n) > 1})}")
+        raise ExperimentError(
+            f"{src}: trials: duplicate trial names {sorted({n for n in names if names.count(n) > 1})}"
+        )
     base = spec.analysis.baseline
     if spec.analysis.kind == "training_stability" and base is not None and base not in names:
         raise ExperimentError(f"{src}: analysis.baseline: no trial {base!r} (have {names})")
