@@ -126,3 +126,18 @@ def test_cli_refuses_bad_input_before_anything_starts(
     err = capsys.readouterr().err
     assert err.startswith(f"loadlens experiment: error: training-stability.yaml: {field}: ") and err.count("\n") == 1
     assert not (tmp_path / "experiments").exists()
+
+
+def test_the_runner_feeds_the_training_series(tmp_path: Path) -> None:
+    from exporters.training.metrics import TrainingMetrics
+    from loadlens.experiment.training.analysis import training_analyse
+    from loadlens.experiment.training.runner import TrainingRunner
+    from loadlens.experiment.training.spec import load_training
+
+    exp = load_training(_write(tmp_path, "accumulation-sensitivity", {"accumulations": [2], "budget": 6}, repeats=1))
+    metrics = TrainingMetrics()
+    runner = TrainingRunner(exp, tmp_path / "x", "x", 1, load_slos(), say=lambda _: None, metrics=metrics)
+    runner.prepare()
+    runner.run(training_analyse(exp.spec.analysis))
+    assert metrics.registry.get_sample_value("loadlens_training_step_total", {"run": "x/acc2/r1"}) == 3.0
+    assert metrics.registry.get_sample_value("loadlens_training_accumulation_steps", {"run": "x/acc2/r1"}) == 2.0
