@@ -57,8 +57,11 @@ def test_a_learning_rate_spike_is_counted_as_a_crash() -> None:
     assert record.crash is not None and record.crash.kind in ("non_finite", "divergence")
     assert figures["crashed"] == 1.0 and figures["crash_step"] == float(record.crash.step) < 12
     assert figures["steps_run"] == figures["crash_step"] and figures["final_val_loss"] is None
+    # the spiked step's gradient norm is far above its EMA: the jump alert fires on the crash step
+    assert outcome.grad_norm_jump_steps == [record.crash.step] and figures["alert.grad_norm_jump"] == 1.0
     healthy, _ = run_figures(replace(cfg, spike_step=0), train(replace(cfg, spike_step=0), run_name="ok"), load_slos())
     assert healthy["crashed"] == 0.0 and healthy["steps_run"] == 12.0
+    assert healthy["grad_norm_jumps"] == 0.0 and healthy["alert.grad_norm_jump"] == 0.0
 
 
 def _write(tmp_path: Path, name: str, params: dict[str, Any], repeats: int) -> Path:
