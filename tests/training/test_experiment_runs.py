@@ -144,3 +144,15 @@ def test_the_runner_feeds_the_training_series(tmp_path: Path) -> None:
     runner.run(training_analyse(exp.spec.analysis))
     assert metrics.registry.get_sample_value("loadlens_training_step_total", {"run": "x/acc2/r1"}) == 3.0
     assert metrics.registry.get_sample_value("loadlens_training_accumulation_steps", {"run": "x/acc2/r1"}) == 2.0
+
+
+def test_docs_name_every_figure_and_parameter() -> None:
+    from dataclasses import fields
+
+    from tests.support.paths import ROOT
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    cfg = _tiny(steps=2)
+    figures, _ = run_figures(cfg, train(cfg, run_name="docs"), load_slos())
+    assert [k for k in figures if f"`{k}`" not in text] == []
+    assert [f.name for f in fields(TrainConfig) if f"`{f.name}`" not in text and f.name != "seed"] == []
