@@ -156,3 +156,27 @@ def test_docs_name_every_figure_and_parameter() -> None:
     figures, _ = run_figures(cfg, train(cfg, run_name="docs"), load_slos())
     assert [k for k in figures if f"`{k}`" not in text] == []
     assert [f.name for f in fields(TrainConfig) if f"`{f.name}`" not in text and f.name != "seed"] == []
+
+
+@pytest.mark.parametrize(("checkpointing", "calls"), [(False, 2), (True, 4)])
+def test_gradient_checkpointing_recomputes_the_layers_in_backward(
+    checkpointing: bool, calls: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers.models.llama import modeling_llama
+
+    from loadlens.experiment.training.engine import build_model
+
+    seen: list[bool] = []
+    original = modeling_llama.LlamaMLP.forward
+
+    def counted(self: Any, x: torch.Tensor) -> torch.Tensor:
+        seen.append(True)
+        return original(self, x)
+
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", counted)
+    model = build_model(_tiny(gradient_checkpointing=checkpointing), torch.device("cpu"))
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    loss = model(input_ids=ids, labels=ids).loss
+    assert len(seen) == 2  # one MLP per layer, 2 layers
+    loss.backward()
+    assert len(seen) == calls  # with checkpointing the backward runs each layer's forward again

@@ -35,6 +35,11 @@ def run_training(args: argparse.Namespace, path: Path, printer: Callable[[Experi
         slos = load_slos(args.slo_file or None)
     except (ExperimentError, SLOConfigError) as err:
         raise UsageError(str(err)) from err
+    if any(t.config.device == "cuda" for t in exp.trials):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"{path.name}: parameters.device: cuda, but torch sees no CUDA device here")
     if args.repeats is not None and not 1 <= args.repeats <= 100:
         raise UsageError(f"--repeats: must be in [1, 100], got {args.repeats}")
     repeats = args.repeats or exp.spec.repeats

@@ -117,13 +117,21 @@ class TrainingRunner:
         run_dir = self.dir / "trials" / trial.name / f"r{repeat}"
         run_dir.mkdir(parents=True, exist_ok=True)
         start = time.time()
-        record = train(cfg, run_name=f"{self.run_id}/{trial.name}/r{repeat}", checkpoint_dir=run_dir / "checkpoints",
-                       slos=self.slos, metrics=self.metrics)  # fmt: skip
+        rel = str((run_dir / RUN_FILE).relative_to(self.dir))
+        try:
+            record = train(cfg, run_name=f"{self.run_id}/{trial.name}/r{repeat}",
+                           checkpoint_dir=run_dir / "checkpoints", slos=self.slos, metrics=self.metrics)  # fmt: skip
+        except (RuntimeError, ValueError) as err:  # not a crash of the definitions: the run failed (exit 1)
+            end = time.time()
+            return TrialRun(
+                repeat=repeat, run_id=f"r{repeat}", result_path=rel, log_path=rel, exit_code=1, completed=False,
+                start_timestamp=start, end_timestamp=end, duration_s=round(end - start, 3),
+                error=f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}",
+            )  # fmt: skip
         end = time.time()
         figures, alerts = run_figures(cfg, record, self.slos)
         doc = {"config": asdict(cfg), "record": asdict(record), "alerts": asdict(alerts), "figures": figures}
         (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        rel = str((run_dir / RUN_FILE).relative_to(self.dir))
         return TrialRun(
             repeat=repeat, run_id=f"r{repeat}", result_path=rel, log_path=rel, exit_code=0,
             completed=record.crash is None, start_timestamp=start, end_timestamp=end,
@@ -137,7 +145,7 @@ class TrainingRunner:
         name = self.exp.spec.name
         work = {t.name: t.config.total_steps * t.config.accumulation for t in self.exp.trials}
         todo = [(t, r) for t in self.exp.trials for r in range(1, self.repeats + 1)
-                if r not in {run.repeat for run in self.result.trials[t.index].runs}]  # fmt: skip
+                if r not in {run.repeat for run in self.result.trials[t.index].runs if run.error is None}]  # fmt: skip
         total, done_work, spent = len(todo), 0, 0.0
         started = time.monotonic()
         self.write()
@@ -153,14 +161,16 @@ class TrainingRunner:
                 spent += time.monotonic() - t0
                 done_work += work[trial.name]
                 record = self.result.trials[trial.index]
-                record.runs.append(run)
-                record.runs.sort(key=lambda r: r.repeat)
+                record.runs = sorted([*(r for r in record.runs if r.repeat != repeat), run], key=lambda r: r.repeat)
                 record.figures = aggregate(record.runs)
-                if run.figures.get("crashed"):
+                if run.error is not None:
+                    record.status, record.error = "failed", run.error
+                    self.say(f"experiment {name}: {trial.name} seed {self.exp.seed(repeat)} failed: {run.error}")
+                elif run.figures.get("crashed"):
                     self.say(f"experiment {name}: {trial.name} seed {self.exp.seed(repeat)} crashed at step "
                              f"{run.figures.get('crash_step'):.0f}")  # fmt: skip
-                if len(record.runs) == self.repeats:
-                    record.status = "done"
+                if len(record.runs) == self.repeats and all(r.error is None for r in record.runs):
+                    record.status, record.error = "done", None
                 self.write()
         except KeyboardInterrupt:
             self.result.interrupted = True
