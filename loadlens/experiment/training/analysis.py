@@ -122,9 +122,11 @@ def stability_analysis(spec: TrainingAnalysis, result: ExperimentResult) -> None
                        Column(key="alerts", label="alerts firing")], rows=per_run),
     ]  # fmt: skip
     findings = []
+    cuda = any(_mean(t, "memory_on_cuda") for t in trials)
     for t in trials:
         if t.params.get("checkpoints") == "dynamic" and (o := _pair(trials, t, "checkpoints")) is not None:
-            findings.append(_same_trajectory(t, o, "dynamic_rule", "train_loss_sum", 0.0))
+            # bit-identical on CPU; CUDA kernels may sum in another order from run to run
+            findings.append(_same_trajectory(t, o, "dynamic_rule", "train_loss_sum", 1e-3 if cuda else 0.0))
         if t.params.get("gradient_checkpointing") is True and (o := _pair(trials, t, "gradient_checkpointing")):
             findings.append(_same_trajectory(t, o, "gradient_checkpointing", "train_loss_sum", 1e-3))
     crashed = [r for r in rows if r["crashes"]]
