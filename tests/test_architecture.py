@@ -32,8 +32,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "loadlens.pager": BASE,
     "loadlens.stack": (*BASE, "loadlens.alerting"),
     "loadlens.report": (*BASE, "loadlens.dashboards"),
-    # report.html: the report's experiment renderer; adapters: lora make's make_adapter writes an experiment's
-    "loadlens.experiment": (*BASE, "loadlens.report", "loadlens.lora"),
+    # report.html: the report's experiment renderer; adapters: lora make's make_adapter writes an experiment's;
+    # training experiments: the training telemetry (hook, maths, series) on every step of their runs
+    "loadlens.experiment": (*BASE, "loadlens.report", "loadlens.lora", "exporters.training"),
     "loadlens.demo": (*BASE, "loadlens.stack"),
     "loadlens.train_demo": (*BASE, "loadlens.stack"),
     "loadlens.codegen": (*BASE, "loadlens.alerting", "loadlens.dashboards"),

@@ -248,7 +248,8 @@ class AdapterRecord(_Model):
 
 
 class ServerInfo(_Model):
-    mode: Literal["sim", "admin", "command", "urls"]
+    mode: Literal["sim", "admin", "command", "urls", "none"]
+    """``none``: an in-process experiment that starts no server (the training experiments)."""
     target: str | None = None
     command: str | None = None
     sim_argv: list[str] = Field(default_factory=list)

@@ -84,6 +84,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="multi_lora: take the allocator figures from the in-process probe's "
         "documents in this directory (a CUDA host's LOADLENS_PROBE_DIR) instead of the sim's /sim/device-state",
     )
+    arg(p, "--training-metrics-port", type=int, help="training experiments: serve the loadlens_training_* series "
+        "of the runs on this port (9647 is the local stack's training target; 0: any free port)")  # fmt: skip
     arg(p, "--dry-run", action="store_true", help="validate and print the trials, start nothing")
     p.set_defaults(handler=run)
 
@@ -112,12 +114,21 @@ def _probe_dir(value: str | None) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loadlens.experiment.training.spec import describe, training_names, training_path
+
     if args.list:
         for name in available_experiments():
             print(f"{name:<16} {load_experiment(name).spec.description}")
+        for name in training_names():
+            print(f"{name:<16} {describe(training_path(name) or Path(name))}")
         return 0
     if not args.experiment:
         raise UsageError("name an experiment (loadlens experiment --list) or a YAML file")
+    training = training_path(args.experiment)
+    if training is not None:  # kind: training, in process (loadlens/experiment/training/)
+        from loadlens.experiment.training.cli import run_training
+
+        return run_training(args, training, _print)
     try:
         exp = load_experiment(args.experiment).with_parameters(dict(args.param))
         trials = expand_trials(exp)

@@ -40,6 +40,11 @@ DEFAULT_FIGURES = [
     "error_ratio",
     "server.peak_vram_gib",
 ]
+# A training experiment's trials (loadlens/experiment/training/figures.py) have none of the above: these instead.
+TRAINING_FIGURES = [
+    "crashed", "convergence_step", "final_val_loss", "grad_norm_std", "lora_a_grad_norm_std", "lora_b_grad_norm_std",
+    "grad_norm_jumps", "memory_fluctuation_max", "ab_correlation_min", "checkpoints_saved", "train_seconds",
+]  # fmt: skip
 SAMPLED = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2el"}
 ALPHA = 0.05
 
@@ -199,8 +204,9 @@ def run(args: argparse.Namespace) -> int:
             c.label = f"{Path(c.source).parent.parent.name}/{c.label}"
     if len(columns) < 2:
         raise UsageError("give at least two results (or an experiment with two finished trials)")
-    figures = [f.strip() for f in args.figures.split(",") if f.strip()] if args.figures else DEFAULT_FIGURES
     known = {k for c in columns for k in c.figures}
+    default = DEFAULT_FIGURES if known & set(DEFAULT_FIGURES) or not known & set(TRAINING_FIGURES) else TRAINING_FIGURES
+    figures = [f.strip() for f in args.figures.split(",") if f.strip()] if args.figures else default
     unknown = [f for f in figures if f not in known and args.figures]
     if unknown:
         raise UsageError(f"--figures: no result has {unknown[0]!r} (e.g. {', '.join(sorted(known)[:8])}, ...)")

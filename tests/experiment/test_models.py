@@ -18,6 +18,7 @@ from loadlens.experiment.models import (
     parse_experiment,
     substitute,
 )
+from loadlens.experiment.training.spec import training_names
 
 PROFILE: dict[str, Any] = {
     "version": 1,
@@ -181,7 +182,8 @@ def test_cli_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureF
 
 def test_list_and_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["experiment", "--list"]) == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == available_experiments()
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == [*available_experiments(), *training_names()]
     assert main(["experiment", "fairness", "--dry-run", "--results", str(tmp_path), "--run-id", "f"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["1", "fcfs", "profile", "mix", "scheduling_policy=fcfs"]
