@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE, ExperimentResult
@@ -26,6 +25,7 @@ from loadlens.experiment.models import (
     expand_trials,
     load_experiment,
 )
+from loadlens.experiment.run_args import repeats_and_run_id
 from loadlens.experiment.runner import ExperimentRunner, Interrupted, RunOptions
 from loadlens.experiment.search import SearchFailed, SearchRunner
 from loadlens.experiment.servers import AdminServer, CommandServer, ServerControl, ServerError, SimServer, UrlServer
@@ -135,14 +135,7 @@ def run(args: argparse.Namespace) -> int:
         slos = load_slos(args.slo_file or None)
     except (ExperimentError, SLOConfigError) as err:
         raise UsageError(str(err)) from err
-    if args.repeats is not None and not 1 <= args.repeats <= 100:
-        raise UsageError(f"--repeats: must be in [1, 100], got {args.repeats}")
-    repeats = args.repeats or exp.spec.repeats
-    if args.resume and not args.run_id:
-        raise UsageError("--resume needs --run-id (the experiment directory to continue)")
-    run_id = args.run_id or f"{exp.spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
-    if "/" in run_id or run_id in (".", ".."):
-        raise UsageError(f"--run-id must be a plain directory name, got {run_id!r}")
+    repeats, run_id = repeats_and_run_id(args, exp.spec.name, exp.spec.repeats)
     if any(t.host for t in trials) and (args.host or args.server_command):
         raise UsageError("the experiment gives per-trial hosts; drop --host/--server-command")
     exp_dir = Path(args.results) / "experiments" / run_id

@@ -71,6 +71,16 @@ class RunOptions:
     device: DeviceWatch | None = None  # multi_lora: VRAM steps per adapter and utilisation (experiment/device.py)
 
 
+def write_result(directory: Path, result: ExperimentResult) -> None:
+    """``experiment_result.json`` in ``directory``, checked against its schema first and replaced whole (a
+    reader never sees half a file; an interrupted run leaves the previous one)."""
+    doc = result.dump()
+    parse_experiment_result(doc)
+    tmp = directory / (EXPERIMENT_FILE + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, directory / EXPERIMENT_FILE)
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
@@ -291,11 +301,7 @@ class ExperimentRunner:
 
     def write(self) -> None:
         assert self.result is not None
-        doc = self.result.dump()
-        parse_experiment_result(doc)
-        tmp = self.dir / (EXPERIMENT_FILE + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        os.replace(tmp, self.dir / EXPERIMENT_FILE)
+        write_result(self.dir, self.result)
 
     def _run_load(self, trial: PlannedTrial, url: str, repeat: int) -> TrialRun:
         out_dir = self.dir / "trials" / trial.name

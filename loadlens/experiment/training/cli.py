@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE, ExperimentResult
 from loadlens.contracts.slo import SLOConfigError, load_slos
 from loadlens.experiment.errors import ExperimentError
 from loadlens.experiment.html import write_html
+from loadlens.experiment.run_args import repeats_and_run_id
 from loadlens.experiment.runner import Interrupted
 from loadlens.experiment.training.analysis import training_analyse
 from loadlens.experiment.training.runner import TrainingRunner
@@ -40,14 +40,7 @@ def run_training(args: argparse.Namespace, path: Path, printer: Callable[[Experi
 
         if not torch.cuda.is_available():
             raise UsageError(f"{path.name}: parameters.device: cuda, but torch sees no CUDA device here")
-    if args.repeats is not None and not 1 <= args.repeats <= 100:
-        raise UsageError(f"--repeats: must be in [1, 100], got {args.repeats}")
-    repeats = args.repeats or exp.spec.repeats
-    if args.resume and not args.run_id:
-        raise UsageError("--resume needs --run-id (the experiment directory to continue)")
-    run_id = args.run_id or f"{exp.spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
-    if "/" in run_id or run_id in (".", ".."):
-        raise UsageError(f"--run-id must be a plain directory name, got {run_id!r}")
+    repeats, run_id = repeats_and_run_id(args, exp.spec.name, exp.spec.repeats)
     exp_dir = Path(args.results) / "experiments" / run_id
     if args.dry_run:
         for t in exp.trials:

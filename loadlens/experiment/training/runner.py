@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -37,7 +36,7 @@ from loadlens.contracts.experiment_result import (
 from loadlens.contracts.slo import SLOConfig
 from loadlens.experiment.errors import ExperimentError
 from loadlens.experiment.figures import aggregate
-from loadlens.experiment.runner import Interrupted, _duration, _now
+from loadlens.experiment.runner import Interrupted, _duration, _now, write_result
 from loadlens.experiment.training.spec import TrainingExperiment, TrainingTrial
 
 RUN_FILE = "training_run.json"
@@ -101,11 +100,7 @@ class TrainingRunner:
 
     def write(self) -> None:
         assert self.result is not None
-        doc = self.result.dump()
-        parse_experiment_result(doc)
-        tmp = self.dir / (EXPERIMENT_FILE + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        os.replace(tmp, self.dir / EXPERIMENT_FILE)
+        write_result(self.dir, self.result)
 
     def _one(self, trial: TrainingTrial, repeat: int) -> TrialRun:
         from dataclasses import replace
