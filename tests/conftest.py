@@ -14,6 +14,7 @@ SERIAL: dict[str, str] = {
     "tests/serving/test_app.py::test_metrics_count_requests_tokens_and_slo_verdicts": "in-process TTFT within the "
     "0.2 s SLO and TPOT within 50 ms decide the goodput counts",
     "tests/training/test_train_demo_e2e.py": "a page within 40 s of the trainer's /metrics coming up",
+    "tests/training/test_experiment_stack.py": "every jumped run's page within 40 s of the experiment's end",
     "tests/experiment/test_sim_experiments.py::test_batching_window_on_the_sim": "a U-curve fitted to measured E2E",
     "tests/experiment/test_sim_experiments.py::test_token_budget_on_the_sim": "mean running sequences per grid point",
     "tests/loadgen/test_saturation_sim.py": "a stage below capacity must be judged stable",

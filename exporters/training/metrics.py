@@ -93,6 +93,10 @@ class MetricsServer:
     """``/metrics`` and ``/health`` on ``host:port`` in a daemon thread; ``close()`` stops it."""
 
     def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._scrapes = 0
+        self._scraped = threading.Condition()
+        server = self
+
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
@@ -108,6 +112,8 @@ class MetricsServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                if path == "/metrics":
+                    server._count_scrape()
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # a scrape per second would flood the training log
@@ -118,6 +124,24 @@ class MetricsServer:
         self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="loadlens-training-metrics", daemon=True)
         self._thread.start()
+
+    def _count_scrape(self) -> None:
+        with self._scraped:
+            self._scrapes += 1
+            self._scraped.notify_all()
+
+    @property
+    def scrapes(self) -> int:
+        """``/metrics`` responses served so far."""
+        with self._scraped:
+            return self._scrapes
+
+    def wait_for_scrape(self, timeout_s: float) -> bool:
+        """Block until ``/metrics`` has been served once more after this call (True), or ``timeout_s`` passed
+        (False): what a run of a few seconds waits for, so that a scraper sees its series before and after."""
+        with self._scraped:
+            seen = self._scrapes
+            return self._scraped.wait_for(lambda: self._scrapes > seen, timeout=timeout_s)
 
     def close(self) -> None:
         self._httpd.shutdown()

@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "documents in this directory (a CUDA host's LOADLENS_PROBE_DIR) instead of the sim's /sim/device-state",
     )
     arg(p, "--training-metrics-port", type=int, help="training experiments: serve the loadlens_training_* series "
-        "of the runs on this port (9647 is the local stack's training target; 0: any free port)")  # fmt: skip
+        "of the runs on this port (9647 is the local stack's training target; 0: any free port); each run then "
+        "waits up to 10 s for a scrape before and after it, so a scraper sees it whole")  # fmt: skip
     arg(p, "--dry-run", action="store_true", help="validate and print the trials, start nothing")
     p.set_defaults(handler=run)
 

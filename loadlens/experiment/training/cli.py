@@ -56,7 +56,8 @@ def run_training(args: argparse.Namespace, path: Path, printer: Callable[[Experi
         server = serve(metrics, host="127.0.0.1", port=args.training_metrics_port)
         print(f"training series on {server.url}/metrics", flush=True)
     runner = TrainingRunner(exp, exp_dir, run_id, repeats, slos, resume=args.resume,
-                            say=lambda line: print(line, flush=True), metrics=metrics)  # fmt: skip
+                            say=lambda line: print(line, flush=True), metrics=metrics,
+                            scraped=server.wait_for_scrape if server is not None else None)  # fmt: skip
     try:
         runner.prepare()
     except ExperimentError as err:

@@ -40,6 +40,9 @@ from loadlens.experiment.runner import Interrupted, _duration, _now, write_resul
 from loadlens.experiment.training.spec import TrainingExperiment, TrainingTrial
 
 RUN_FILE = "training_run.json"
+SCRAPE_WAIT_S = 10.0
+"""The most a run waits for a scrape of the training series, before and after (five of the local stack's 2 s
+scrape intervals)."""
 
 
 class TrainingRunner:
@@ -54,9 +57,16 @@ class TrainingRunner:
         resume: bool = False,
         say: Callable[[str], None] = print,
         metrics: Any = None,
+        scraped: Callable[[float], bool] | None = None,
+        scrape_wait_s: float = SCRAPE_WAIT_S,
     ) -> None:
+        """``metrics``: a ``TrainingMetrics`` the runs feed; ``scraped``: its server's ``wait_for_scrape``,
+        when a scraper watches it: each run then waits (at most ``scrape_wait_s``) for one scrape after its
+        series exist at 0 and one after it ends, so a run of a few seconds is seen whole (``increase()`` needs
+        the 0 before the first event). The first wait that times out stops the waiting, with one line."""
         self.exp, self.dir, self.run_id, self.repeats, self.slos = exp, directory, run_id, repeats, slos
         self.resume, self.say, self.metrics = resume, say, metrics
+        self.scraped, self.scrape_wait_s = scraped, scrape_wait_s
         self.result: ExperimentResult | None = None
 
     def fingerprint(self) -> str:
@@ -111,19 +121,25 @@ class TrainingRunner:
         cfg = replace(trial.config, seed=self.exp.seed(repeat))
         run_dir = self.dir / "trials" / trial.name / f"r{repeat}"
         run_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{self.run_id}/{trial.name}/r{repeat}"
+        if self.metrics is not None:
+            self.metrics.start_run(name, policy=cfg.checkpoints == "dynamic")
+            self._await_scrape()
         start = time.time()
         rel = str((run_dir / RUN_FILE).relative_to(self.dir))
         try:
-            record = train(cfg, run_name=f"{self.run_id}/{trial.name}/r{repeat}",
+            record = train(cfg, run_name=name,
                            checkpoint_dir=run_dir / "checkpoints", slos=self.slos, metrics=self.metrics)  # fmt: skip
         except (RuntimeError, ValueError) as err:  # not a crash of the definitions: the run failed (exit 1)
             end = time.time()
+            self._await_scrape()
             return TrialRun(
                 repeat=repeat, run_id=f"r{repeat}", result_path=rel, log_path=rel, exit_code=1, completed=False,
                 start_timestamp=start, end_timestamp=end, duration_s=round(end - start, 3),
                 error=f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}",
             )  # fmt: skip
         end = time.time()
+        self._await_scrape()
         figures, alerts = run_figures(cfg, record, self.slos)
         doc = {"config": asdict(cfg), "record": asdict(record), "alerts": asdict(alerts), "figures": figures}
         (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -132,6 +148,14 @@ class TrainingRunner:
             completed=record.crash is None, start_timestamp=start, end_timestamp=end,
             duration_s=round(end - start, 3), figures=figures,
         )  # fmt: skip
+
+    def _await_scrape(self) -> None:
+        if self.scraped is None:
+            return
+        if not self.scraped(self.scrape_wait_s):
+            wait = f"{self.scrape_wait_s:g} s"
+            self.say(f"no scrape of the training series within {wait}: the runs no longer wait for one")
+            self.scraped = None
 
     def run(self, analyse: Callable[[ExperimentResult], ExperimentResult]) -> ExperimentResult:
         if self.result is None:
