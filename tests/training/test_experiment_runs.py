@@ -180,3 +180,15 @@ def test_gradient_checkpointing_recomputes_the_layers_in_backward(
     assert len(seen) == 2  # one MLP per layer, 2 layers
     loss.backward()
     assert len(seen) == calls  # with checkpointing the backward runs each layer's forward again
+
+
+def test_accumulation_lowers_the_grad_norm_spread_as_averaging_predicts(tmp_path: Path) -> None:
+    """The gradient of an accumulation of k micro-batches is their mean: its variance from step to step falls
+    about as 1/k, so the grad-norm spread of lora_A and lora_B must fall from 1 to 8 (one seed: deterministic)."""
+    path = _write(tmp_path, "accumulation-sensitivity", {"accumulations": [1, 8], "budget": 64}, repeats=1)
+    assert main(["experiment", str(path), "--results", str(tmp_path), "--run-id", "spread"]) == 0
+    result = parse_experiment_result(json.loads((tmp_path / "experiments/spread/experiment_result.json").read_text()))
+    one, eight = result.tables[0].rows
+    assert (one["accumulation"], eight["accumulation"]) == (1, 8)
+    for key in ("lora_a_grad_norm_std", "lora_b_grad_norm_std"):
+        assert 0 < eight[key] < one[key], (key, one[key], eight[key])
