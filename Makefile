@@ -23,7 +23,7 @@ help:
 	@echo "make test-fast - the edit loop: lint and the tests not marked slow or serial (no real servers), on two workers"
 	@echo "make bench  - run the benchmarks in benchmarks/ and print their figures"
 	@echo "make reliability - the reliability drills: disconnect storms, 10x overload, OTLP endpoint down (direct and via the proxy)"
-	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, the allocator probe with LoRA, LoRA rank timing and multi-adapter figures (needs torch, peft), the busy timeline against 29/84 ms on/off loads, and the short loadlens gpu-bench"
+	@echo "make gpu-check - on a GPU host: the GPU exporter against real NVML, the allocator probe with LoRA, LoRA rank timing and multi-adapter figures (needs torch, peft), the busy timeline against 29/84 ms on/off loads, the short loadlens gpu-bench, and short CUDA runs of the two training experiments"
 	@echo "make gpu-check-wheels - download the wheels a GPU host without PyPI needs for gpu-check into .whl"
 	@echo "make vllm-env - vLLM's CPU build at $(VLLM_VENV) with loadlens's plugin, for the real-vLLM tests (1-4 minutes, once)"
 	@echo "make lint   - ruff"
@@ -115,7 +115,11 @@ gpu-check-run:
 		$(GPU_PY) -m benchmarks.gpu_lora_check --out results/gpu-check/lora || rc=1; \
 		$(GPU_PY) -m benchmarks.gpu_busy_check --out results/gpu-check/busy || rc=1; \
 		$(GPU_PY) -m loadlens.cli gpu-bench --quick --out results/gpu-check/gpu-bench \
-			--write-profile results/gpu-check/gpu-bench/measured.yaml || rc=1; exit $$rc
+			--write-profile results/gpu-check/gpu-bench/measured.yaml || rc=1; \
+		$(GPU_PY) -m loadlens.cli experiment training-stability --param device=cuda --param steps=60 --repeats 2 \
+			--results results/gpu-check/training --run-id stability || rc=1; \
+		$(GPU_PY) -m loadlens.cli experiment accumulation-sensitivity --param device=cuda --param accumulations=2,8 \
+			--param budget=128 --repeats 1 --results results/gpu-check/training --run-id accumulation || rc=1; exit $$rc
 
 # Here, where PyPI is reachable: the wheels the GPU host lacks, into .whl (scripts/gpu-check-wheels.sh).
 gpu-check-wheels: venv
