@@ -82,6 +82,22 @@ class PrometheusClient:
             raise QueryError(f"unexpected result shape for {expr!r}: {result!r}") from None
         return value if math.isfinite(value) else None
 
+    def vector_at(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+        """An instant query's vector: (labels, value) per series, finite values only."""
+        data = self._get("query", {"query": expr, "time": f"{at:.3f}"}, self.timeout)
+        result = data.get("result")
+        if data.get("resultType") != "vector" or not isinstance(result, list):
+            raise QueryError(f"unexpected result shape for {expr!r}: {result!r}")
+        out: list[tuple[dict[str, str], float]] = []
+        try:
+            for series in result:
+                value = float(series["value"][1])
+                if math.isfinite(value):
+                    out.append((dict(series["metric"]), value))
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise QueryError(f"unexpected result shape for {expr!r}: {result!r}") from None
+        return out
+
     def rule_groups(self) -> list[dict[str, Any]]:
         """``/api/v1/rules?type=alert``: each rule group (``interval``) with its alerting rules, their ``duration``
         (the ``for:``) and their active alerts (``state`` pending or firing, ``activeAt``, ``labels``)."""

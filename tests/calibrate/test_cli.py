@@ -73,8 +73,10 @@ def test_unusable_input_exits_2_with_one_line(sweep: Path, tmp_path: Path, capsy
         2, "loadlens calibrate: error: stage c6-p240: 12 completed requests, too few (at least 20)")  # fmt: skip
     bench = write("benchmark_result.json", {"run": {}, "stages": [], "overall": {}})
     assert _code_and_error(["calibrate", bench, *base], capsys)[1].endswith(
-        "a benchmark_result.json; calibrate reads an experiment_result.json (loadlens experiment "
-        "calibration-sweep), whose runs carry the server's counters")  # fmt: skip
+        "a benchmark_result.json carries no server counters; give --prometheus URL (the Prometheus that scraped "
+        "the server during the run), or calibrate from loadlens experiment calibration-sweep")  # fmt: skip
+    assert _code_and_error(["calibrate", bench, *base, "--prometheus", "http://127.0.0.1:9"], capsys)[1].endswith(
+        "not a loadlens benchmark_result.json (schema is not loadlens.benchmark_result)")  # fmt: skip
     assert _code_and_error(["calibrate", str(sweep), *base, "--hold-out", "c9"], capsys) == (
         2, "loadlens calibrate: error: --hold-out c9: no such stage (stages: c1-p240, c6-p240, p360-c4, p40-c2, "
         "p600-c2)")  # fmt: skip

@@ -18,10 +18,12 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.fit import PARAMS, FitResult, client_overhead_s, fit
 from exporters.serving.calibrate.observations import CalibrationInputError, Stage, check_usable, read_stages
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import StageLoad, replay
+from loadlens.contracts.experiment_result import EXPERIMENT_FILE
 from loadlens.contracts.gpu_profile import load_gpu_profile
 from loadlens.contracts.model_profile import load_model_profile
 from loadlens.contracts.profile_schema import ProfileError
@@ -51,7 +53,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Fit the sim to `loadlens experiment calibration-sweep` results, write a GPU profile, "
         "replay each stage on the sim and print the errors (docs/calibration.md).",
     )
-    p.add_argument("runs", nargs="+", help="experiment_result.json files or experiment directories")
+    p.add_argument("runs", nargs="+", help="experiment_result.json files or experiment directories; or "
+                   "benchmark_result.json files or run directories of loadlens load, with --prometheus")  # fmt: skip
+    p.add_argument("--prometheus", metavar="URL", help="for benchmark_result.json runs: the Prometheus that "
+                   "scraped the server during them, read for vLLM's engine counters over each stage")  # fmt: skip
     p.add_argument("--model-profile", required=True, help="the served model as a sim model profile (name or YAML)")
     p.add_argument("--profile", required=True, type=Path, help="the GPU profile YAML to write")
     p.add_argument("--base-gpu-profile", default="h100-sxm",
@@ -65,18 +70,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def _load(paths: list[str]) -> list[Stage]:
+def _load(paths: list[str], prometheus: str | None = None) -> list[Stage]:
     stages: list[Stage] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            path = path / "experiment_result.json"
-        stages += read_stages(path)
+            run = path / "benchmark_result.json"
+            path = run if run.is_file() and not (path / "experiment_result.json").exists() else path / EXPERIMENT_FILE
+        if _is_benchmark_result(path):
+            stages += read_benchmark_stages(path, prometheus)
+        else:
+            stages += read_stages(path)
     names = [s.name for s in stages]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise CalibrationInputError(f"stage {dupes[0]} appears in more than one run (give one run per stage name)")
     return stages
+
+
+def _is_benchmark_result(path: Path) -> bool:
+    try:
+        return is_benchmark_result(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False  # read_stages says what is wrong with it
 
 
 def _say(line: str) -> None:
@@ -141,7 +157,7 @@ def goal_summary(rows: list[dict[str, object]], which: str) -> dict[str, float |
 
 def run(args: argparse.Namespace) -> int:
     try:
-        stages = _load(args.runs)
+        stages = _load(args.runs, args.prometheus)
         check_usable(stages)
         model = load_model_profile(args.model_profile)
         base = load_gpu_profile(args.base_gpu_profile)

@@ -1,0 +1,87 @@
+"""Calibration stages from ``loadlens load`` runs: each closed-loop stage of a ``benchmark_result.json`` with the
+client's figures of that stage, and the server's engine counters over the stage's window read from the
+Prometheus that scraped the server (``loadlens calibrate RUN --prometheus URL``, docs/calibration.md, *Input*).
+
+A counter's increase over a stage is ``sum(NAME)`` at the stage's end minus ``sum(NAME)`` at its start, two
+instant queries: each reads the newest scrape at or before that instant, so the window is the scrapes', up to
+one scrape interval earlier at each end than the stage's (its length, ``SPAN``, is the stage's). A counter reset
+inside a stage (a server restart) makes the difference wrong; such a run is not calibration data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from exporters.serving.calibrate.observations import CLIENT_FIGURES, CalibrationInputError, Stage
+from loadlens.contracts.engine_counters import BUCKETED, ENGINE_COUNTERS, SPAN, bucket_key
+from loadlens.contracts.results import BenchmarkResult, parse_result
+from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
+
+
+def is_benchmark_result(doc: object) -> bool:
+    return isinstance(doc, dict) and "trials" not in doc and "stages" in doc
+
+
+def window_increases(prom: PrometheusClient, start: float, end: float) -> dict[str, float]:
+    """Every engine counter's increase between two instants (absent when the server never exported it), and the
+    iteration-token buckets' increases by edge."""
+    out: dict[str, float] = {}
+    for name in sorted(ENGINE_COUNTERS):
+        before, after = prom.value_at(f"sum({name})", start), prom.value_at(f"sum({name})", end)
+        if before is not None and after is not None:
+            out[name] = after - before
+    edges = {labels["le"]: v for labels, v in prom.vector_at(f"sum by (le) ({BUCKETED})", start) if "le" in labels}
+    for labels, value in prom.vector_at(f"sum by (le) ({BUCKETED})", end):
+        le = labels.get("le")
+        if le is not None and le in edges:
+            out[bucket_key(le)] = value - edges[le]
+    out[SPAN] = end - start
+    return out
+
+
+def read_benchmark_stages(path: Path, prometheus: str | None) -> list[Stage]:
+    """The closed-loop stages of one run (warm-up stages left out); raises :class:`CalibrationInputError`."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CalibrationInputError(f"{path}: not valid JSON ({err})") from None
+    if prometheus is None:
+        raise CalibrationInputError(
+            f"{path}: a benchmark_result.json carries no server counters; give --prometheus URL (the Prometheus "
+            "that scraped the server during the run), or calibrate from loadlens experiment calibration-sweep"
+        )
+    try:
+        result: BenchmarkResult = parse_result(doc, str(path))
+    except ValueError as err:
+        raise CalibrationInputError(str(err).splitlines()[0]) from None
+    prom = PrometheusClient(prometheus)
+    stages: list[Stage] = []
+    for st in result.stages:
+        if st.warmup:
+            continue
+        if st.kind != "closed" or not st.target_users:
+            raise CalibrationInputError(f"{path}: stage {st.name} is not a closed-loop stage of users")
+        if st.start_timestamp is None or st.end_timestamp is None:
+            raise CalibrationInputError(f"{path}: stage {st.name} has no start and end timestamps")
+        completed = st.completed or 0
+        try:
+            counters = window_increases(prom, st.start_timestamp, st.end_timestamp)
+        except (PrometheusUnreachable, QueryError) as err:
+            raise CalibrationInputError(f"--prometheus {prometheus}: {err}") from None
+        figures = {k: float(v) for k in CLIENT_FIGURES if isinstance(v := getattr(st, k, None), int | float)}
+        stages.append(
+            Stage(
+                name=st.name,
+                users=int(st.target_users),
+                prompt_tokens=(st.total_input_tokens or 0) / completed if completed else 0.0,
+                output_tokens=(st.total_output_tokens or 0) / completed if completed else 0.0,
+                duration_s=st.duration or (st.end_timestamp - st.start_timestamp),
+                completed=completed,
+                figures=figures,
+                counters=counters,
+            )
+        )
+    if not stages:
+        raise CalibrationInputError(f"{path}: no measured stage")
+    return stages
