@@ -2,10 +2,11 @@
 
     python -m tests.support.vllm_exec --port 8001 --max-num-seqs 8 --max-num-batched-tokens 512
 
-builds (or finds) the tiny model, adds the rig's environment (``tests.support.vllm_server.ENV``) and replaces
-itself (``exec``) with ``vllm_argv(model, port)`` plus every argument it does not know, which go to vLLM's
-API server as they are. Being an ``exec``, the process the experiment started, and whose process group it
-kills after the trial, is vLLM's API server itself. The first line of its output is the command.
+builds (or finds) the tiny model, adds the rig's environment (``tests.support.vllm_server.ENV``, and its
+temporary files sent to ``runtime_dir(port)``) and replaces itself (``exec``) with ``vllm_argv(model, port)``
+plus every argument it does not know, which go to vLLM's API server as they are. Being an ``exec``, the
+process the experiment started, and whose process group it kills after the trial, is vLLM's API server itself.
+The first line of its output is the command.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def command(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     if exe is None:
         p.error(f"vLLM's CPU build is not installed at {rig.venv()}: make vllm-env")
     full = rig.vllm_argv(tiny_model(), args.port, interpreter=exe, max_loras=args.max_loras, extra_args=rest)
-    return full, {**os.environ, **rig.ENV}
+    return full, {**os.environ, **rig.ENV, **rig.runtime_env(rig.runtime_dir(args.port))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
