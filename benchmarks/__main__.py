@@ -14,6 +14,7 @@ MODULES = (
     "benchmarks.loadgen",
     "benchmarks.probe",
     "benchmarks.drills",
+    "benchmarks.published_vllm",
 )
 
 
