@@ -106,6 +106,12 @@ class ServerSample(_Model):
     """Share of the KV cache in use (0-1): the fullest engine's, averaged over the samples."""
     peak_kv_cache_usage: float | None = None
     preemptions: float | None = None
+    kv_cache_blocks: int | None = None
+    """KV cache blocks of one engine as ``vllm:cache_config_info`` states them (``num_gpu_blocks``; the smallest
+    engine's), in the last sample inside the windows that states one: loadlens/contracts/kv_capacity.py. None
+    where the server exports no such series (sglang)."""
+    kv_cache_block_size: int | None = None
+    """Tokens per KV cache block, from the same sample (``block_size``)."""
     lora_swap: LoraSwapSample | None = None
     """Hot-swap figures where the server exports the serving layer's series (loadlens serve: sim or proxy)."""
     engine_counters: dict[str, float] = Field(default_factory=dict)

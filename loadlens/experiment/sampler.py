@@ -1,7 +1,8 @@
 """Reads the server's own gauges while a trial runs, so the sim, a vLLM or an sglang server gives its
 effective concurrency without a Prometheus: running and waiting requests, KV cache usage and preemptions
-from ``GET /metrics`` every ``interval`` seconds, and the hot-swap series of loadlens's serving layer
-(``loadlens_lora_swap_blocking_seconds`` and its counters: loadlens/experiment/swap_series.py).
+from ``GET /metrics`` every ``interval`` seconds, the KV capacity vLLM states (``vllm:cache_config_info``),
+and the hot-swap series of loadlens's serving layer (``loadlens_lora_swap_blocking_seconds`` and its
+counters: loadlens/experiment/swap_series.py).
 
 The series are vLLM's (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``; the sim's are the same) and each one's sglang
@@ -28,6 +29,7 @@ from types import TracebackType
 from loadlens.contracts.engine_counters import counter_increases, parse_engine_counters
 from loadlens.contracts.engine_series import BY_VLLM
 from loadlens.contracts.experiment_result import ServerSample
+from loadlens.contracts.kv_capacity import KvCapacity, parse_kv_capacity
 from loadlens.experiment.swap_driver import SwapDriver
 from loadlens.experiment.swap_series import SeriesKey, parse_swap_series, swap_figures
 
@@ -111,6 +113,8 @@ class ServerSampler:
         """The hot-swap series of each sample (loadlens/experiment/swap_series.py)."""
         self.counter_samples: list[tuple[float, dict[str, float]]] = []
         """vLLM's cumulative engine series of each sample (loadlens/contracts/engine_counters.py)."""
+        self.capacity_samples: list[tuple[float, KvCapacity | None]] = []
+        """The KV capacity each sample states (loadlens/contracts/kv_capacity.py)."""
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="server-sampler", daemon=True)
@@ -132,6 +136,7 @@ class ServerSampler:
                 self.samples.append((now, parse_exposition(text)))
                 self.swap_samples.append((now, parse_swap_series(text)))
                 self.counter_samples.append((now, parse_engine_counters(text)))
+                self.capacity_samples.append((now, parse_kv_capacity(text)))
             except (OSError, ValueError) as err:
                 if len(self.errors) < 5:
                     self.errors.append(f"GET {self.url}: {err}")
@@ -153,6 +158,7 @@ class ServerSampler:
             return [s[key] for s in inside if key in s]
 
         running, waiting, kv = values("running"), values("waiting"), values("kv_cache_usage")
+        stated = [c for ts, c in self.capacity_samples if c is not None and any(lo <= ts <= hi for lo, hi in windows)]
         return ServerSample(
             samples=len(inside),
             mean_running=sum(running) / len(running) if running else None,
@@ -162,6 +168,8 @@ class ServerSampler:
             mean_kv_cache_usage=sum(kv) / len(kv) if kv else None,
             peak_kv_cache_usage=max(kv) if kv else None,
             preemptions=_increase(inside),
+            kv_cache_blocks=stated[-1].blocks if stated else None,
+            kv_cache_block_size=stated[-1].block_size if stated else None,
             lora_swap=swap,
             engine_counters=counter_increases(self.counter_samples, windows),
             errors=list(self.errors),

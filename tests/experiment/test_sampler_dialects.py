@@ -15,6 +15,7 @@ from functools import cache
 import pytest
 
 from loadlens.contracts.engine_series import BY_VLLM
+from loadlens.contracts.kv_capacity import KvCapacity, parse_kv_capacity
 from loadlens.experiment.sampler import SAMPLED, SERIES, ServerSampler, parse_exposition
 from tests.dashboards import engine_expositions as rec
 from tests.support.recorded_engines import scrapes
@@ -147,3 +148,18 @@ def test_the_sampler_reads_a_live_sglang_metrics_endpoint(sglang_server: str) ->
     got = [s for _, s in sampler.samples[:n]]
     assert got == [parse_exposition(t) for t in scrapes("sglang").values()]
     assert got[-1] == expected(rec.START + rec.DURATION)
+
+
+def test_the_kv_capacity_the_server_states_inside_the_windows() -> None:
+    """``vllm:cache_config_info``'s capacity in the last sample inside the windows that states one; sglang
+    states none (its recording has no such series), so the fields stay None, never 0."""
+    sampler = ServerSampler("http://127.0.0.1:9")
+    sampler.capacity_samples = [(1.0, KvCapacity(100, 16)), (2.0, KvCapacity(200, 16)), (3.0, None),
+                                (5.0, KvCapacity(300, 128))]  # fmt: skip
+    summary = sampler.summary([(1.5, 4.0)])
+    assert (summary.kv_cache_blocks, summary.kv_cache_block_size) == (200, 16)
+    assert (sampler.summary([(2.5, 3.5)]).kv_cache_blocks, sampler.summary([(4.0, 6.0)]).kv_cache_block_size) == (
+        None,
+        128,
+    )
+    assert all(parse_kv_capacity(text) is None for text in scrapes("sglang").values())

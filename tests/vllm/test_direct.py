@@ -4,10 +4,12 @@ official ``openai`` client streams a chat completion with the final usage chunk.
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
 
+from loadlens.contracts.kv_capacity import parse_kv_capacity
 from tests.support import required
 from tests.support import vllm_server as rig
 from tests.support.vllm_model import SERVED_NAME
@@ -59,3 +61,13 @@ def test_streamed_chat_with_usage_through_the_openai_client(vllm_server: rig.Vll
     # waiting for a request into one chunk (RequestOutputCollector), as happens on a loaded machine.
     assert 1 <= len(content) <= 8
     assert {c.id for c in chunks} == {chunks[0].id}
+
+
+def test_the_kv_capacity_in_its_metrics_is_the_one_it_logs(vllm_server: rig.VllmServer) -> None:
+    """``vllm:cache_config_info`` states the capacity the engine logged at start-up (the sampler and
+    ``loadlens calibrate`` read it from there: loadlens/contracts/kv_capacity.py)."""
+    with urllib.request.urlopen(vllm_server.url + "/metrics", timeout=10) as resp:
+        capacity = parse_kv_capacity(resp.read().decode())
+    logged = re.search(r"KV cache size: ([\d,]+) tokens", vllm_server.log_path.read_text(errors="replace"))
+    assert logged is not None, "vLLM's log has no KV cache size line"
+    assert capacity is not None and capacity.tokens == int(logged.group(1).replace(",", ""))

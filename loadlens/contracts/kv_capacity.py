@@ -1,0 +1,80 @@
+"""A server's KV cache capacity as it states it: vLLM's ``vllm:cache_config_info`` info gauge, whose labels are
+its ``CacheConfig`` (``num_gpu_blocks``, ``block_size``, ...). The experiment's ``/metrics`` sampler reads it
+(loadlens/experiment/sampler.py) and ``loadlens calibrate`` writes it into the fitted profile
+(docs/calibration.md): a capacity the server states is read, not fitted.
+
+sglang has no counterpart series; a server without the series, or whose ``num_gpu_blocks`` label is not a
+whole number (``None`` before the engine has profiled its memory), states no capacity (None, never 0).
+With several engines (data-parallel ranks) each has its own cache; the smallest is taken, the one a request
+can run out of.
+
+Usage::
+
+    capacity = parse_kv_capacity(exposition_text)   # KvCapacity(blocks=..., block_size=...) or None
+    capacity.tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SERIES = "vllm:cache_config_info"
+
+
+@dataclass(frozen=True, slots=True)
+class KvCapacity:
+    blocks: int
+    """``num_gpu_blocks``: KV cache blocks of one engine."""
+    block_size: int
+    """Tokens per block."""
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.block_size
+
+
+def _labels(text: str) -> dict[str, str]:
+    """``name="value"`` pairs of one sample's label set (escaped quotes and backslashes undone)."""
+    out: dict[str, str] = {}
+    i, n = 0, len(text)
+    while i < n:
+        eq = text.find('="', i)
+        if eq < 0:
+            break
+        name = text[i:eq].strip().lstrip(",").strip()
+        j, value = eq + 2, []
+        while j < n and text[j] != '"':
+            if text[j] == "\\" and j + 1 < n:
+                j += 1
+                value.append({"n": "\n"}.get(text[j], text[j]))
+            else:
+                value.append(text[j])
+            j += 1
+        out[name] = "".join(value)
+        i = j + 1
+    return out
+
+
+def _whole(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
+
+
+def parse_kv_capacity(text: str) -> KvCapacity | None:
+    """The capacity ``vllm:cache_config_info`` states in one exposition (the smallest engine's), or None."""
+    found: list[KvCapacity] = []
+    prefix = SERIES + "{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        close = line.rfind("}")
+        if close < 0:
+            continue
+        labels = _labels(line[len(prefix) : close])
+        blocks, size = _whole(labels.get("num_gpu_blocks")), _whole(labels.get("block_size"))
+        if blocks is not None and size is not None:
+            found.append(KvCapacity(blocks, size))
+    return min(found, key=lambda c: c.tokens) if found else None
