@@ -16,6 +16,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 SERIES = "vllm:cache_config_info"
@@ -63,18 +64,23 @@ def _whole(text: str | None) -> int | None:
     return value if value is not None and value > 0 else None
 
 
-def parse_kv_capacity(text: str) -> KvCapacity | None:
-    """The capacity ``vllm:cache_config_info`` states in one exposition (the smallest engine's), or None."""
+def stated_capacity(label_sets: Iterable[Mapping[str, str]]) -> KvCapacity | None:
+    """The capacity the label sets of ``vllm:cache_config_info`` state (the smallest engine's), or None: from
+    an exposition (:func:`parse_kv_capacity`) or a Prometheus query's series."""
     found: list[KvCapacity] = []
-    prefix = SERIES + "{"
-    for line in text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        close = line.rfind("}")
-        if close < 0:
-            continue
-        labels = _labels(line[len(prefix) : close])
+    for labels in label_sets:
         blocks, size = _whole(labels.get("num_gpu_blocks")), _whole(labels.get("block_size"))
         if blocks is not None and size is not None:
             found.append(KvCapacity(blocks, size))
     return min(found, key=lambda c: c.tokens) if found else None
+
+
+def parse_kv_capacity(text: str) -> KvCapacity | None:
+    """The capacity ``vllm:cache_config_info`` states in one exposition (the smallest engine's), or None."""
+    prefix = SERIES + "{"
+    label_sets = []
+    for line in text.splitlines():
+        close = line.rfind("}")
+        if line.startswith(prefix) and close > 0:
+            label_sets.append(_labels(line[len(prefix) : close]))
+    return stated_capacity(label_sets)

@@ -62,6 +62,7 @@ def observe(gpu: GPUProfile, names: list[str]) -> list[Stage]:
                 int(figs["completed"]),
                 figs,
                 got.counters,
+                got.kv_capacity,
             )  # fmt: skip
         )
     return stages
@@ -86,10 +87,13 @@ def experiment_doc(stages: list[Stage]) -> dict[str, object]:
         figures.update(completed=float(s.completed), duration=s.duration_s,
                        total_input_tokens=s.prompt_tokens * s.completed,
                        total_output_tokens=s.output_tokens * s.completed)  # fmt: skip
+        cap = s.kv_capacity
+        server = ServerSample(engine_counters=dict(s.counters), kv_cache_blocks=cap.blocks if cap else None,
+                              kv_cache_block_size=cap.block_size if cap else None)  # fmt: skip
         run = TrialRun(repeat=1, run_id="r1", result_path=f"trials/{s.name}/r1/benchmark_result.json",
                        log_path=f"trials/{s.name}/r1/load.log", exit_code=0, completed=True, start_timestamp=0.0,
                        end_timestamp=s.duration_s, duration_s=s.duration_s, figures=figures,
-                       server=ServerSample(engine_counters=dict(s.counters)))  # fmt: skip
+                       server=server)  # fmt: skip
         stats = {k: Stat(mean=v, n=1, values=[v]) for k, v in figures.items() if v is not None}
         params: dict[str, Scalar] = {"users": s.users, "prompt_tokens": round(s.prompt_tokens)}
         trials.append(Trial(index=i, name=s.name, params=params, profile="closed", status="done", runs=[run],

@@ -12,10 +12,14 @@ import pytest
 
 from exporters.serving.calibrate.benchmark_runs import read_benchmark_stages
 from exporters.serving.calibrate.observations import CalibrationInputError
+from exporters.serving.engines.sim.knob_plan import startup_state
 from loadlens.cli import main
 from loadlens.contracts.engine_counters import BUCKETED, SPAN, bucket_counts
 from loadlens.contracts.gpu_profile import load_gpu_profile
+from loadlens.contracts.kv_capacity import KvCapacity
+from loadlens.contracts.model_profile import load_model_profile
 from loadlens.contracts.results import parse_result
+from tests.support.live import MODEL as LIVE_MODEL
 from tests.support.live import LiveRun
 
 pytestmark = pytest.mark.slow
@@ -39,6 +43,10 @@ def test_each_measured_stage_with_its_figures_and_the_servers_counters(live_run:
         assert stage.counters["vllm:generation_tokens_total"] > 0
         figures = stage.server_figures()
         assert figures["server_mean_itl_ms"] > 0 and figures["server_mean_prefill_ms"] > 0
+    # The KV capacity the sim stated through Prometheus: the blocks its start-up derives for the live run's
+    # model on its default GPU profile (`serve --gpu-profile` h100-sxm), of 16 tokens.
+    blocks = startup_state(load_model_profile(LIVE_MODEL), load_gpu_profile("h100-sxm"), None).knobs
+    assert [s.kv_capacity for s in stages] == [KvCapacity(blocks.num_gpu_blocks or 0, 16)] * 3
 
 
 def test_a_run_without_a_reachable_prometheus_is_refused_in_one_line(live_run: LiveRun) -> None:

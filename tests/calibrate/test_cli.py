@@ -33,10 +33,21 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     profile = load_gpu_profile(str(out))
     assert profile.name == "fitted" and profile.layer_overhead_seconds == 0.0
     assert profile.default_knobs["insertion_overhead_us"] > 0
+    # The KV capacity is the one the (sim) server stated in its vllm:cache_config_info, carried over in tokens.
+    stated = observe(hidden_profile(tmp_path), STAGES[:1])[0].kv_capacity
+    assert stated is not None and stated.block_size == 16
+    assert profile.default_knobs["num_gpu_blocks"] == stated.blocks
     doc = json.loads(report.read_text())
     assert [r["stage"] for r in doc["predictions"]] == STAGES
     assert [r["set"] for r in doc["predictions"]] == ["fit"] * 4 + ["held-out"]
     assert set(doc["not_identified"]) == {"s_per_byte"}
+    assert doc["kv_capacity"] == {
+        "blocks": stated.blocks,
+        "block_size": 16,
+        "sim_num_gpu_blocks": stated.blocks,
+        "reason": f"stated by the server: {stated.blocks} blocks of 16 tokens = {stated.tokens} tokens, "
+        f"{stated.blocks} of the sim's 16-token blocks",
+    }
     printed = capsys.readouterr().out
     assert "s_per_byte       not identified: no step of the data is bound by this term" in printed
     assert "worst |error| over held-out stages:" in printed

@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from exporters.serving.engines.sim.knobs import Knobs
-from exporters.serving.engines.sim.kv_sizing import BLOCK_SIZE, cache_config_info
+from exporters.serving.engines.sim.kv_sizing import cache_config_info
+from exporters.serving.engines.sim.roofline import BLOCK_SIZE
 from loadlens.contracts.kv_capacity import KvCapacity, parse_kv_capacity
 
 LINE = 'vllm:cache_config_info{block_size="%s",cache_dtype="auto",num_gpu_blocks="%s",engine="%s"} 1.0'

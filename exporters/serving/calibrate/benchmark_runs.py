@@ -5,7 +5,8 @@ Prometheus that scraped the server (``loadlens calibrate RUN --prometheus URL``,
 A counter's increase over a stage is ``sum(NAME)`` at the stage's end minus ``sum(NAME)`` at its start, two
 instant queries: each reads the newest scrape at or before that instant, so the window is the scrapes', up to
 one scrape interval earlier at each end than the stage's (its length, ``SPAN``, is the stage's). A counter reset
-inside a stage (a server restart) makes the difference wrong; such a run is not calibration data.
+inside a stage (a server restart) makes the difference wrong; such a run is not calibration data. The KV capacity
+is ``vllm:cache_config_info``'s at the stage's end (loadlens/contracts/kv_capacity.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from exporters.serving.calibrate.observations import CLIENT_FIGURES, CalibrationInputError, Stage
 from loadlens.contracts.engine_counters import BUCKETED, ENGINE_COUNTERS, SPAN, bucket_key
+from loadlens.contracts.kv_capacity import SERIES as KV_SERIES
+from loadlens.contracts.kv_capacity import stated_capacity
 from loadlens.contracts.results import BenchmarkResult, parse_result
 from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, QueryError
 
@@ -67,6 +70,7 @@ def read_benchmark_stages(path: Path, prometheus: str | None) -> list[Stage]:
         completed = st.completed or 0
         try:
             counters = window_increases(prom, st.start_timestamp, st.end_timestamp)
+            capacity = stated_capacity(labels for labels, _ in prom.vector_at(KV_SERIES, st.end_timestamp))
         except (PrometheusUnreachable, QueryError) as err:
             raise CalibrationInputError(f"--prometheus {prometheus}: {err}") from None
         figures = {k: float(v) for k in CLIENT_FIGURES if isinstance(v := getattr(st, k, None), int | float)}
@@ -80,6 +84,7 @@ def read_benchmark_stages(path: Path, prometheus: str | None) -> list[Stage]:
                 completed=completed,
                 figures=figures,
                 counters=counters,
+                kv_capacity=capacity,
             )
         )
     if not stages:

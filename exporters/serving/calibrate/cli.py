@@ -20,6 +20,7 @@ from pathlib import Path
 
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.fit import PARAMS, FitResult, client_overhead_s, fit
+from exporters.serving.calibrate.kv import kv_decision
 from exporters.serving.calibrate.observations import CalibrationInputError, Stage, check_usable, read_stages
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import StageLoad, replay
@@ -174,13 +175,15 @@ def run(args: argparse.Namespace) -> int:
     result = fit(model, fit_stages, fixed=args.fix, say=_say)
     overhead = client_overhead_s(fit_stages)
     print_fit(result, overhead)
+    kv = kv_decision(stages)  # the server's configuration, the same in held-out stages
+    print(f"\nKV capacity: {kv.reason}")
     name = args.name or args.profile.stem
     source = (
         f"fitted by loadlens calibrate on {datetime.now(UTC):%Y-%m-%d} to {', '.join(args.runs)} "
         f"(stages {', '.join(s.name for s in fit_stages)}; model profile {model.name})"
     )
     try:
-        gpu = write_profile(result, base, args.profile, name, source)
+        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks)
     except OSError as err:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
     except ProfileError as err:
@@ -194,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
         "stderr": result.stderr,
         "not_identified": result.not_identified,
         "client_overhead_s": overhead,
+        "kv_capacity": {
+            "blocks": kv.capacity.blocks if kv.capacity else None,
+            "block_size": kv.capacity.block_size if kv.capacity else None,
+            "sim_num_gpu_blocks": kv.sim_blocks,
+            "reason": kv.reason,
+        },
         "rows": [{"stage": a, "observable": b, "observed_s": c, "fitted_s": d} for a, b, c, d in result.rows],
         "profile": str(args.profile),
     }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from loadlens.contracts.engine_counters import SPAN
 from loadlens.contracts.experiment_result import ExperimentResult
+from loadlens.contracts.kv_capacity import KvCapacity
 
 MIN_REQUESTS = 20
 """A stage with fewer completed requests is refused: its medians and means say too little."""
@@ -39,6 +40,8 @@ class Stage:
     """CLIENT_FIGURES present in the run (ms, tok/s, requests)."""
     counters: dict[str, float] = field(default_factory=dict)
     """Engine counter increases over the measured window (vLLM's names)."""
+    kv_capacity: KvCapacity | None = None
+    """The KV capacity the server stated during the stage (``vllm:cache_config_info``), None where it states none."""
 
     def server_figures(self) -> dict[str, float]:
         """The server's own figures over the window: vLLM's histogram means (ms), its output token rate
@@ -120,6 +123,11 @@ def read_stages(path: Path) -> list[Stage]:
         for run in runs:
             for name, value in run.server.engine_counters.items():
                 counters[name] = counters.get(name, 0.0) + value
+        stated = [
+            KvCapacity(r.server.kv_cache_blocks, r.server.kv_cache_block_size)
+            for r in runs
+            if r.server.kv_cache_blocks is not None and r.server.kv_cache_block_size is not None
+        ]
         completed = int(sum(r.figures.get("completed") or 0 for r in runs))
         prompt = sum(r.figures.get("total_input_tokens") or 0 for r in runs)
         output = sum(r.figures.get("total_output_tokens") or 0 for r in runs)
@@ -134,6 +142,7 @@ def read_stages(path: Path) -> list[Stage]:
                 completed=completed,
                 figures=figs,
                 counters=counters,
+                kv_capacity=stated[-1] if stated else None,
             )
         )
     if not stages:

@@ -6,7 +6,8 @@ profile's existing fields:
 - ``per_seq_overhead_seconds``;
 - ``peak_tensor_flops`` = 1 / seconds per FLOP with ``compute_efficiency`` 1;
 - ``hbm_bytes_per_s`` = 1 / seconds per byte moved (weights + K and V) with ``memory_efficiency`` 1;
-- ``default_knobs.insertion_overhead_us``.
+- ``default_knobs.insertion_overhead_us``;
+- ``default_knobs.num_gpu_blocks``, the KV capacity the server stated (``kv.py``), where it stated one.
 
 A term the data did not identify is written as free: ``peak_tensor_flops`` or ``hbm_bytes_per_s`` 1e30 (the
 term is then ~0 s), the overheads 0. Memory, power, clocks, LoRA and thermal fields stay the base's.
@@ -25,7 +26,9 @@ FREE = 1e30
 """Throughput written for a term the data did not identify: its seconds are ~0."""
 
 
-def profile_document(fit: FitResult, base: GPUProfile, name: str, source: str) -> dict[str, object]:
+def profile_document(
+    fit: FitResult, base: GPUProfile, name: str, source: str, kv_blocks: int | None = None
+) -> dict[str, object]:
     doc: dict[str, object] = yaml.safe_load(Path(base.path).read_text(encoding="utf-8"))
     v = fit.values
     doc["name"] = name
@@ -39,13 +42,17 @@ def profile_document(fit: FitResult, base: GPUProfile, name: str, source: str) -
     doc["memory_efficiency"] = 1.0
     knobs = dict(doc.get("default_knobs") or {})  # type: ignore[call-overload]
     knobs["insertion_overhead_us"] = round(v["insertion_s"] * 1e6, 3)
+    if kv_blocks is not None:
+        knobs["num_gpu_blocks"] = kv_blocks
     doc["default_knobs"] = knobs
     return doc
 
 
-def write_profile(fit: FitResult, base: GPUProfile, path: Path, name: str, source: str) -> GPUProfile:
+def write_profile(
+    fit: FitResult, base: GPUProfile, path: Path, name: str, source: str, kv_blocks: int | None = None
+) -> GPUProfile:
     """Write the profile and load it back through the sim's loader (strict validation)."""
-    doc = profile_document(fit, base, name, source)
+    doc = profile_document(fit, base, name, source, kv_blocks)
     header = "# Written by `loadlens calibrate` (docs/calibration.md); a sim GPU profile.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110), encoding="utf-8")

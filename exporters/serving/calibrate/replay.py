@@ -26,6 +26,7 @@ from exporters.serving.engines.sim import SimEngine
 from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.virtual_time import LoopTimer, VirtualTimeLoop
 from loadlens.contracts.engine_counters import SPAN, counter_increases, parse_engine_counters
+from loadlens.contracts.kv_capacity import KvCapacity, parse_kv_capacity
 from loadlens.contracts.model_profile import ModelProfile
 
 
@@ -69,6 +70,8 @@ class Replayed:
     """Client-side and server-side figures, by the sweep's keys."""
     counters: dict[str, float]
     """The sim's engine counter increases over the window (vLLM's names)."""
+    kv_capacity: KvCapacity | None = None
+    """The KV capacity the sim states in its ``vllm:cache_config_info`` at the window's end."""
 
 
 async def _replay(
@@ -126,6 +129,7 @@ async def _replay(
     before = _counters(registry, t0)
     await asyncio.sleep(max(0.0, t1 - loop.time()))
     after = _counters(registry, t1)
+    capacity = parse_kv_capacity(generate_latest(registry).decode())
     await asyncio.gather(*users)
     await engine.stop()
 
@@ -146,7 +150,7 @@ async def _replay(
     }
     counters = counter_increases([before, after], [(t0, t1)])
     figures.update(server_figures(counters, counters.get(SPAN, load.duration_s)))
-    return Replayed(figures, counters)
+    return Replayed(figures, counters, capacity)
 
 
 def replay(
