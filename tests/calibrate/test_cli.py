@@ -85,7 +85,8 @@ def test_unusable_input_exits_2_with_one_line(sweep: Path, tmp_path: Path, capsy
     bench = write("benchmark_result.json", {"run": {}, "stages": [], "overall": {}})
     assert _code_and_error(["calibrate", bench, *base], capsys)[1].endswith(
         "a benchmark_result.json carries no server counters; give --prometheus URL (the Prometheus that scraped "
-        "the server during the run), or calibrate from loadlens experiment calibration-sweep")  # fmt: skip
+        "the server during the run) or --metrics-before/--metrics-after (the server's /metrics saved before and "
+        "after it), or calibrate from loadlens experiment calibration-sweep")  # fmt: skip
     assert _code_and_error(["calibrate", bench, *base, "--prometheus", "http://127.0.0.1:9"], capsys)[1].endswith(
         "not a loadlens benchmark_result.json (schema is not loadlens.benchmark_result)")  # fmt: skip
     assert _code_and_error(["calibrate", str(sweep), *base, "--hold-out", "c9"], capsys) == (

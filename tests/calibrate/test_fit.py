@@ -78,6 +78,31 @@ def test_a_negative_parameter_is_dropped_and_the_rest_refitted() -> None:
     assert result.values["insertion_s"] == 0.0
 
 
+def test_a_negative_step_overhead_is_dropped_too() -> None:
+    params = {**TRUE, "step_overhead_s": -0.0015}
+    result = fit(model(), ladder(params))
+    assert result.not_identified == {
+        "step_overhead_s": "fitted below zero (-0.0015): set to 0",
+        "insertion_s": "fitted below zero (-0.00152): set to 0",  # refitted without the step cost
+    }
+    assert result.values["step_overhead_s"] == 0.0
+    assert all(v >= 0 for v in result.values.values())
+
+
+def test_one_stage_has_two_rows_and_fits_one_parameter() -> None:
+    """Two rows leave no residual for two or more parameters: they go, the last first, until one is left."""
+    result = fit(model(), ladder(TRUE)[:1])
+    assert [p for p in PARAMS if p not in result.not_identified] == ["step_overhead_s"]
+    assert result.values["step_overhead_s"] > 0
+    assert all(v >= 0 for v in result.values.values())
+    assert result.not_identified == {
+        "per_seq_s": "not determined by the data (2 rows for 2 parameters)",
+        "s_per_flop": "not determined by the data (2 rows for 3 parameters)",
+        "s_per_byte": "no step of the data is bound by this term (its column is 0)",  # the kept start's regime
+        "insertion_s": "not determined by the data (2 rows for 4 parameters)",
+    }
+
+
 def test_admissions_per_step_and_per_admitting_step_from_the_buckets() -> None:
     grouped = synthetic("g", 8, 300, 7.0, TRUE, group=5.0)
     assert admissions(grouped) == (0.05, 5.0)

@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "benchmark_result.json files or run directories of loadlens load, with --prometheus")  # fmt: skip
     p.add_argument("--prometheus", metavar="URL", help="for benchmark_result.json runs: the Prometheus that "
                    "scraped the server during them, read for vLLM's engine counters over each stage")  # fmt: skip
+    p.add_argument("--metrics-before", type=Path, metavar="FILE", help="for one benchmark_result.json run of one "
+                   "measured stage: the server's /metrics exposition saved just before the run")  # fmt: skip
+    p.add_argument("--metrics-after", type=Path, metavar="FILE", help="... and saved just after it")
     p.add_argument("--model-profile", required=True, help="the served model as a sim model profile (name or YAML)")
     p.add_argument("--profile", required=True, type=Path, help="the GPU profile YAML to write")
     p.add_argument("--base-gpu-profile", default="h100-sxm",
@@ -71,7 +74,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
-def _load(paths: list[str], prometheus: str | None = None) -> list[Stage]:
+def _snapshots(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    before, after = args.metrics_before, args.metrics_after
+    if (before is None) != (after is None):
+        raise UsageError("--metrics-before and --metrics-after go together (the server's /metrics before and after)")
+    if before is None:
+        return None
+    if args.prometheus:
+        raise UsageError("--prometheus or --metrics-before/--metrics-after: one source of the server's counters")
+    if len(args.runs) != 1:
+        raise UsageError(f"--metrics-before/--metrics-after stand for one run; {len(args.runs)} runs given")
+    return before, after
+
+
+def _load(paths: list[str], prometheus: str | None = None, snapshots: tuple[Path, Path] | None = None) -> list[Stage]:
     stages: list[Stage] = []
     for raw in paths:
         path = Path(raw)
@@ -79,7 +95,9 @@ def _load(paths: list[str], prometheus: str | None = None) -> list[Stage]:
             run = path / "benchmark_result.json"
             path = run if run.is_file() and not (path / "experiment_result.json").exists() else path / EXPERIMENT_FILE
         if _is_benchmark_result(path):
-            stages += read_benchmark_stages(path, prometheus)
+            stages += read_benchmark_stages(path, prometheus, snapshots)
+        elif snapshots is not None:
+            raise CalibrationInputError(f"{path}: --metrics-before/--metrics-after are for a benchmark_result.json run")
         else:
             stages += read_stages(path)
     names = [s.name for s in stages]
@@ -158,7 +176,7 @@ def goal_summary(rows: list[dict[str, object]], which: str) -> dict[str, float |
 
 def run(args: argparse.Namespace) -> int:
     try:
-        stages = _load(args.runs, args.prometheus)
+        stages = _load(args.runs, args.prometheus, _snapshots(args))
         check_usable(stages)
         model = load_model_profile(args.model_profile)
         base = load_gpu_profile(args.base_gpu_profile)

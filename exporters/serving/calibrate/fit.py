@@ -202,6 +202,12 @@ def _linear(x: np.ndarray, y: np.ndarray, fixed: Sequence[str], say: Callable[[s
     while free:
         rounds += 1
         say(f"calibrate: fit round {rounds}: {len(free)} parameters, {len(y)} rows")
+        if len(free) >= len(y) and len(free) > 1:
+            # No residual left to judge a parameter by: the last one goes until there is (step_overhead_s last).
+            drop = max(free)
+            why[PARAMS[drop]] = f"not determined by the data ({len(y)} rows for {len(free)} parameters)"
+            free.remove(drop)
+            continue
         _, s, vt = np.linalg.svd(xn[:, free], full_matrices=False)
         if s[-1] < COLLINEAR * s[0]:
             weakest = np.abs(vt[-1]) * (np.array(free) != 0)
@@ -211,7 +217,7 @@ def _linear(x: np.ndarray, y: np.ndarray, fixed: Sequence[str], say: Callable[[s
             free.remove(drop)
             continue
         coef, se = _solve(xn, y, free)
-        negative = [(c, j) for j, c in enumerate(coef) if c < 0 and free[j] != 0]
+        negative = [(c, j) for j, c in enumerate(coef) if c < 0]
         if negative:
             _, j = min(negative)
             why[PARAMS[free[j]]] = f"fitted below zero ({coef[j] / scale[free[j]]:.3g}): set to 0"
