@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from loadlens.contracts.exposition_labels import parse_labels
+
 SERIES = "vllm:cache_config_info"
 
 
@@ -32,28 +34,6 @@ class KvCapacity:
     @property
     def tokens(self) -> int:
         return self.blocks * self.block_size
-
-
-def _labels(text: str) -> dict[str, str]:
-    """``name="value"`` pairs of one sample's label set (escaped quotes and backslashes undone)."""
-    out: dict[str, str] = {}
-    i, n = 0, len(text)
-    while i < n:
-        eq = text.find('="', i)
-        if eq < 0:
-            break
-        name = text[i:eq].strip().lstrip(",").strip()
-        j, value = eq + 2, []
-        while j < n and text[j] != '"':
-            if text[j] == "\\" and j + 1 < n:
-                j += 1
-                value.append({"n": "\n"}.get(text[j], text[j]))
-            else:
-                value.append(text[j])
-            j += 1
-        out[name] = "".join(value)
-        i = j + 1
-    return out
 
 
 def _whole(text: str | None) -> int | None:
@@ -82,5 +62,5 @@ def parse_kv_capacity(text: str) -> KvCapacity | None:
     for line in text.splitlines():
         close = line.rfind("}")
         if line.startswith(prefix) and close > 0:
-            label_sets.append(_labels(line[len(prefix) : close]))
+            label_sets.append(dict(parse_labels(line[len(prefix) : close])))
     return stated_capacity(label_sets)

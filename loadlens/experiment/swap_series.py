@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 
 from loadlens.contracts.experiment_result import LoraSwapFigures, LoraSwapSample
+from loadlens.contracts.exposition_labels import parse_labels
 
 Labels = tuple[tuple[str, str], ...]
 SeriesKey = tuple[str, Labels]
@@ -49,26 +50,8 @@ KEPT = frozenset({
 
 
 def _labels(text: str) -> Labels:
-    """``a="x",b="y"`` (the inside of the braces) as sorted pairs; escapes ``\\\\``, ``\\"``, ``\\n`` undone."""
-    out: list[tuple[str, str]] = []
-    i, n = 0, len(text)
-    while i < n:
-        eq = text.find("=", i)
-        if eq < 0:
-            break
-        name = text[i:eq].strip().lstrip(",").strip()
-        j = text.find('"', eq) + 1
-        value: list[str] = []
-        while 0 < j < n and text[j] != '"':
-            if text[j] == "\\" and j + 1 < n:
-                j += 1
-                value.append("\n" if text[j] == "n" else text[j])
-            else:
-                value.append(text[j])
-            j += 1
-        out.append((name, "".join(value)))
-        i = j + 1
-    return tuple(sorted(out))
+    """``a="x",b="y"`` (the inside of the braces) as sorted pairs, escapes undone."""
+    return tuple(sorted(parse_labels(text)))
 
 
 def parse_swap_series(text: str) -> dict[SeriesKey, float]:
