@@ -88,6 +88,13 @@ class GPUProfile(ProfileFile):
     """Tensor-core efficiency of LoRA matmuls at rank 16; small ranks are launch/latency bound."""
     thermal: Thermal
     default_knobs: KnobDefaults = Field(default_factory=dict)
+    frontend_fixed_seconds: NonNegative = 0.0
+    """API-server time per request outside the engine core that vLLM's series cannot place (input processing
+    and the hop to the engine core, the fixed part of output processing): the sim spends it between the
+    request's arrival stamp and its entry into the waiting queue (docs/sim-engine.md §1, *Frontend*)."""
+    frontend_per_running_seconds: NonNegative = 0.0
+    """Output processing per running request: a step's tokens reach the streams, and vLLM's TTFT and E2E
+    stamps, this × the step's sequences after the step ends (in order: never before the previous step's)."""
 
     def _consistent(self) -> None:
         require(self.driver_reserved_bytes + self.cuda_context_bytes < self.memory_bytes, "driver_reserved_bytes",

@@ -1,19 +1,19 @@
 """The simulated engine: a continuous-batching vLLM-V1-like server on a modeled GPU, in real time.
 
-One asyncio task runs the step loop. It idles until work arrives; after the first arrival into an idle
-engine it waits up to ``batching_window_us`` (or until the batch is full) so more requests join the first
-step; with ``batching_window_mode=admission`` every admission waits for the window while the running
-requests keep decoding, and a step that admits pays ``insertion_overhead_us`` (guide 4.1's U-curve).
-Each step the scheduler plans a batch, the roofline model prices it, and the loop sleeps until the step's
-absolute deadline (previous deadline + modeled duration / ``speed``, so errors never accumulate);
-then every sampled request gets one token. Engine-side timestamps (``RequestTiming`` marks and every
-``vllm:*`` latency) are wall-clock ``time.monotonic()`` instants of what really happened: a request is
-scheduled when the loop planned the step that took it, and a token is produced when its event is handed to
-the request's stream, however late the loop woke. So when the sim cannot keep real time, its histograms
-show the latency clients saw, like a real server's. How late the loop woke is judged by :mod:`.lateness` (a
-warning when more than 50 ms late); if it falls more than 0.25 s behind, the schedule restarts from "now"
-instead of racing through the backlog. The engine reports what it does as records (:mod:`.stats`) to a stat
-logger; the Prometheus one (:class:`.vllm_metrics.VllmMetrics`) owns every series, the engine knows none.
+One asyncio task runs the step loop. It idles until work arrives; after the first arrival into an idle engine it waits
+up to ``batching_window_us`` (or until the batch is full) so more requests join the first step; with
+``batching_window_mode=admission`` every admission waits for the window while the running requests keep decoding, and
+a step that admits pays ``insertion_overhead_us`` (guide 4.1's U-curve). Each step the scheduler plans a batch, the
+roofline model prices it, and the loop sleeps until the step's absolute deadline (previous deadline + modeled duration
+/ ``speed``, so errors never accumulate); then every sampled request gets one token. Engine-side timestamps
+(``RequestTiming`` marks and every ``vllm:*`` latency) are wall-clock ``time.monotonic()`` instants of what really
+happened: a request is scheduled when the loop planned the step that took it, and a token is produced when its event
+is handed to the request's stream, however late the loop woke. So when the sim cannot keep real time, its histograms
+show the latency clients saw, like a real server's; the API server's share of TTFT and E2E is :mod:`.frontend`'s. How
+late the loop woke is judged by :mod:`.lateness` (a warning when more than 50 ms late); if it falls more than 0.25 s
+behind, the schedule restarts from "now" instead of racing through the backlog. The engine reports what it does as
+records (:mod:`.stats`) to a stat logger; the Prometheus one (:class:`.vllm_metrics.VllmMetrics`) owns every series,
+the engine knows none.
 
 Usage::
 
@@ -53,6 +53,7 @@ from exporters.serving.engines.sim import roofline, stats
 from exporters.serving.engines.sim.admission import check_request
 from exporters.serving.engines.sim.admission_window import window_close
 from exporters.serving.engines.sim.device_model import DeviceModel
+from exporters.serving.engines.sim.frontend import Frontend
 from exporters.serving.engines.sim.knob_plan import plan_change, scheduler_config, startup_state
 from exporters.serving.engines.sim.kv_sizing import cache_config_info
 from exporters.serving.engines.sim.lateness import Lateness
@@ -134,7 +135,7 @@ class SimEngine(Engine):
         self._sched.pool.on_evict = lambda life, idle, gaps: self._stats.record_event(
             stats.BlockEviction(life, idle, gaps)
         )
-        self._device = DeviceModel(model, gpu, seed=seed, clock=clock)
+        self._device, self._frontend = DeviceModel(model, gpu, seed=seed, clock=clock), Frontend(gpu, speed, clock)
         self._device.configure(k)
         self._words = make_words(seed)
         self._jitter_rng = random.Random(stable_seed("jitter", seed))
@@ -148,8 +149,7 @@ class SimEngine(Engine):
         self._was_idle = True
         self._first_arrival: float | None = None
         self._window: asyncio.Future[float] | None = None
-        self._last_admission = -math.inf
-        self._cursor = self._clock()
+        self._last_admission, self._cursor = -math.inf, self._clock()
         self._stopping = False
         self._crashed: BaseException | None = None
         self._counter = 0
@@ -203,6 +203,7 @@ class SimEngine(Engine):
     # --- admission -----------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> RequestStream:
+        await self._frontend.enter()  # the API server's input part (frontend.py), checks included
         if self._crashed is not None:
             raise EngineError(ErrorKind.INTERNAL, f"sim engine loop crashed: {self._crashed!r}")
         if self._task is None or self._stopping:
@@ -210,8 +211,7 @@ class SimEngine(Engine):
         adapter = self._adapters.resolve(request)
         k = self._state.knobs
         admitted = check_request(request, k, self.model, self.served_model_name, self._live)
-        prompt_tokens = admitted.prompt_tokens
-        s = self._sched
+        prompt_tokens, s = admitted.prompt_tokens, self._sched
         if s.num_waiting >= k.max_waiting:
             self._reject("max_num_queued_reqs", f"the waiting queue is full ({k.max_waiting} requests)")
         if k.max_waiting_tokens and s.waiting_tokens + prompt_tokens > k.max_waiting_tokens:
@@ -392,16 +392,16 @@ class SimEngine(Engine):
         now, wakeup = self._advance_cursor(step.end)
         if step.cost.stall_seconds:
             self._live.charge_block(t0, step.stall_end)
-        # Tokens are stamped when they are handed to the streams (now), not at the modeled step end: a late
-        # loop delivers late, and a real server's histograms show what it delivered.
-        it, finished = emit_tokens(self._live, self._sched.complete(batch), now, self._words)
+        # Tokens are stamped when the loop hands them on (now), not at the modeled step end: a late loop delivers
+        # late, as a real server's histograms show. The API server sees them after its output part (frontend.py).
+        seen, out = self._frontend.output(now, batch.shape.num_seqs)
+        it, finished = emit_tokens(self._live, self._sched.complete(batch), now, self._words, seen=seen, deliver=out)
         if finished:
             self._sched.finish(finished)
         self._publish(wakeup, it)
         if it.num_generation_tokens:
-            # Let the streams' consumers take their tokens before the next step is planned (planning costs
-            # up to ~1 ms of CPU): what the HTTP layer sees then follows the stamp above by microseconds. The
-            # deadlines are absolute, so the schedule does not move.
+            # Let the streams' consumers take their tokens before the next step is planned (planning costs up to
+            # ~1 ms of CPU): the HTTP layer sees them microseconds after their stamp; the deadlines do not move.
             await asyncio.sleep(0)
 
     def _publish(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from exporters.serving.engine import FinishReason, GenerationRequest, OutputEvent
@@ -123,10 +123,19 @@ class LiveRequests:
 
 
 def emit_tokens(
-    lives: LiveRequests, sampled: list[SchedRequest], t: float, words: list[str]
+    lives: LiveRequests,
+    sampled: list[SchedRequest],
+    t: float,
+    words: list[str],
+    *,
+    seen: float | None = None,
+    deliver: Callable[[SimStream, OutputEvent], None] | None = None,
 ) -> tuple[IterationStats, list[SchedRequest]]:
-    """Give every request that sampled at ``t`` its token (one pseudo-word), push the events, and retire the
-    ones that finished. Returns the step's stats and the finished scheduler requests."""
+    """Give every request that sampled at ``t`` its token (one pseudo-word), hand the events to ``deliver``
+    (default: push them now), and retire the ones that finished. ``seen`` is when the API server would stamp
+    them (the frontend's output part after ``t``; default ``t``): TTFT and E2E run to it, the engine's marks
+    and the inter-token latencies use ``t``. Returns the step's stats and the finished scheduler requests."""
+    seen = t if seen is None else seen
     it = IterationStats(num_generation_tokens=len(sampled))
     itls = it.inter_token_latencies
     finished: list[SchedRequest] = []
@@ -135,18 +144,22 @@ def emit_tokens(
         n = req.num_output
         if n == 1:
             live.stream.timing.first_token = t
-            it.time_to_first_tokens.append(t - live.request.arrival_time)
+            it.time_to_first_tokens.append(seen - live.request.arrival_time)
             it.num_prompt_tokens += req.prompt_len
             it.num_cached_prompt_tokens += req.num_cached_tokens
         else:
             itls.append(t - live.last_t)
         live.last_t = t
         text, finish, stop_reason = next_text(live, words[live.rng.getrandbits(WORD_BITS)], n)
-        live.stream.push(OutputEvent(text, 1, live.prompt_tokens, n, finish, stop_reason, req.num_cached_tokens))
+        event = OutputEvent(text, 1, live.prompt_tokens, n, finish, stop_reason, req.num_cached_tokens)
+        if deliver is None:
+            live.stream.push(event)
+        else:
+            deliver(live.stream, event)
         if finish is not None:
             finished.append(req)
             lives.finish(live, t)
-            it.finished_requests.append(finished_stats(live, finish, t))
+            it.finished_requests.append(finished_stats(live, finish, t, seen))
     return it, finished
 
 
@@ -190,8 +203,11 @@ def next_text(live: LiveRequest, word: str, n: int) -> tuple[str, FinishReason |
     return text, finish, stop_reason
 
 
-def finished_stats(live: LiveRequest, reason: FinishReason, t: float) -> FinishedRequestStats:
-    """The record of a request that finished at ``t``; marks it never got default to their predecessor."""
+def finished_stats(
+    live: LiveRequest, reason: FinishReason, t: float, seen: float | None = None
+) -> FinishedRequestStats:
+    """The record of a request that finished at ``t`` (the API server seeing it at ``seen``, default ``t``);
+    marks it never got default to their predecessor."""
     req = live.sched
     timing = live.stream.timing
     queued = timing.queued if timing.queued is not None else t
@@ -208,6 +224,7 @@ def finished_stats(live: LiveRequest, reason: FinishReason, t: float) -> Finishe
         max_tokens=live.max_tokens,
         preemptions=req.num_preemptions,
         computed_prompt_tokens=live.prompt_tokens - req.num_cached_tokens,
+        last_token_seen=None if seen is None or seen == t else seen,
     )
 
 

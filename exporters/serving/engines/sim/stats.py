@@ -74,6 +74,9 @@ class FinishedRequestStats:
     preemptions: int
     computed_prompt_tokens: int
     """Prompt tokens not served from the prefix cache."""
+    last_token_seen: float | None = None
+    """When the API server would stamp the last token (``last_token`` plus the GPU profile's output part,
+    docs/sim-engine.md §1, *Frontend*); E2E runs to it. None: ``last_token``."""
 
 
 @dataclass(slots=True)

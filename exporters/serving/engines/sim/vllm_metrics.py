@@ -3,9 +3,11 @@ plus the sim's own ``loadlens_sim_*`` series, recorded from the engine's records
 engine, on the registry it is given; every labelled child is bound once at start-up and gauges start at 0, so
 dashboards see every series from the first scrape.
 
-Semantics (vLLM docs/design/metrics.md): TTFT from the request's arrival at the HTTP layer; queue = scheduled
-- queued; prefill = first token - scheduled; decode = last token - first token; inference = last token -
-scheduled; ITL one sample per output step; TPOT = (e2e - TTFT)/(n - 1), 0 when n <= 1. Prompt tokens are
+Semantics (vLLM docs/design/metrics.md): TTFT and e2e from the request's arrival at the HTTP layer to when the
+API server would see the first and last token (the step's end plus the GPU profile's output part: the
+frontend stage, docs/sim-engine.md §1); queue = scheduled - queued; prefill = first token - scheduled; decode =
+last token - first token; inference = last token - scheduled (engine stamps); ITL one sample per output step
+(engine stamps); TPOT = decode/(n - 1), 0 when n <= 1. Prompt tokens are
 counted when the request's first token is produced, like vLLM's iteration stats.
 
 Prompt tokens by source: ``local_compute`` + ``local_cache_hit`` (+ ``external_kv_transfer``, always 0: no KV
@@ -357,7 +359,9 @@ class VllmMetrics:
         self.success[f.reason.value].inc()
         e2e = f.last_token - f.arrival
         ttft = f.first_token - f.arrival
-        self.e2e.observe(e2e)
+        # vLLM's E2E ends when its API server processes the last token; TPOT and the engine intervals use the
+        # engine core's stamps (vllm/v1/metrics/stats.py).
+        self.e2e.observe(e2e if f.last_token_seen is None else f.last_token_seen - f.arrival)
         self.queue.observe(f.scheduled - f.queued)
         self.prefill.observe(f.first_token - f.scheduled)
         self.decode.observe(f.last_token - f.first_token)
