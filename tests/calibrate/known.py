@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporters.serving.calibrate.fit import FitResult
+from exporters.serving.calibrate.frontend_fit import FrontendFit
 from exporters.serving.calibrate.observations import Stage
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import StageLoad, replay
@@ -25,6 +26,8 @@ HIDDEN = {
 """The hidden parameters, far from any packaged profile: a 2.1 ms step, 0.13 ms per sequence, 40 GFLOP/s,
 1.4 ms per admitting step, and no memory term (the profile's bandwidth is written as free, so every step is
 compute-bound, as the CPU rig's fit finds)."""
+HIDDEN_FRONTEND = {"frontend_fixed_s": 0.0017, "frontend_per_running_s": 0.0011}
+"""The hidden API-server stage, of the CPU rig's size: 1.7 ms a request, 1.1 ms per running request of a step."""
 
 LOADS = {
     "c1-p240": StageLoad(1, 240, 48, 4.0, warmup_s=0.5),
@@ -40,9 +43,11 @@ def model() -> ModelProfile:
     return load_model_profile(str(MODEL))
 
 
-def hidden_profile(tmp: Path) -> GPUProfile:
+def hidden_profile(tmp: Path, frontend: bool = True) -> GPUProfile:
+    """The hidden sim; ``frontend=False``: without its API-server stage."""
     fit = FitResult(values=dict(HIDDEN), stderr=dict.fromkeys(HIDDEN, 0.0))
-    return write_profile(fit, load_gpu_profile("h100-sxm"), tmp / "hidden.yaml", "hidden", "known-answer test")
+    front = FrontendFit(dict(HIDDEN_FRONTEND), dict.fromkeys(HIDDEN_FRONTEND, 0.0)) if frontend else None
+    return write_profile(fit, load_gpu_profile("h100-sxm"), tmp / "hidden.yaml", "hidden", "known-answer test", frontend=front)
 
 
 def observe(gpu: GPUProfile, names: list[str]) -> list[Stage]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from exporters.serving.calibrate.frontend_fit import SPLIT
 from loadlens.cli import main
 from loadlens.contracts.gpu_profile import load_gpu_profile
 from tests.calibrate.known import MODEL, experiment_doc, hidden_profile, observe
@@ -37,6 +38,7 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     stated = observe(hidden_profile(tmp_path), STAGES[:1])[0].kv_capacity
     assert stated is not None and stated.block_size == 16
     assert profile.default_knobs["num_gpu_blocks"] == stated.blocks
+    assert profile.frontend_fixed_seconds > 0 and profile.frontend_per_running_seconds > 0
     doc = json.loads(report.read_text())
     assert [r["stage"] for r in doc["predictions"]] == STAGES
     assert [r["set"] for r in doc["predictions"]] == ["fit"] * 4 + ["held-out"]
@@ -50,6 +52,8 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     }
     printed = capsys.readouterr().out
     assert "s_per_byte       not identified: no step of the data is bound by this term" in printed
+    assert f"(frontend_fixed_s: {SPLIT})" in printed
+    assert [r["stage"] for r in doc["frontend_rows"]] == STAGES[:4]
     assert "worst |error| over held-out stages:" in printed
 
 

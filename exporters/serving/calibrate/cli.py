@@ -20,6 +20,7 @@ from pathlib import Path
 
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.fit import PARAMS, FitResult, client_overhead_s, fit
+from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend
 from exporters.serving.calibrate.kv import kv_decision
 from exporters.serving.calibrate.observations import CalibrationInputError, Stage, check_usable, read_stages
 from exporters.serving.calibrate.profile_out import write_profile
@@ -45,6 +46,8 @@ GOAL = {"median_ttft_ms": 0.10, "median_itl_ms": 0.10, "output_throughput": 0.10
         "server_output_throughput": 0.10}  # fmt: skip
 """Issue 25's goal per figure: |error| at most this (medians, means and throughput 10 %, P99 20 %)."""
 UNITS = {"s_per_flop": "s/FLOP", "s_per_byte": "s/byte"}
+FIXABLE = (*PARAMS[1:], *FRONTEND_PARAMS)
+"""What ``--fix`` may hold at 0: every step-time parameter but the fixed step cost, and both frontend ones."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,8 +70,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="fields not fitted (memory, power, LoRA, thermal) come from this profile")  # fmt: skip
     p.add_argument("--name", help="the written profile's name (default: the file's stem)")
     p.add_argument("--hold-out", nargs="+", default=[], metavar="STAGE", help="stages left out of the fit")
-    p.add_argument("--fix", nargs="+", default=[], choices=PARAMS[1:], metavar="PARAM",
-                   help=f"hold parameters at 0 instead of fitting them ({', '.join(PARAMS[1:])})")  # fmt: skip
+    p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
+                   help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip
     p.add_argument("--no-predict", action="store_true", help="fit and write only; no replay on the sim")
     p.add_argument("--json", type=Path, help="also write the whole report as JSON to this file")
     p.set_defaults(handler=run)
@@ -126,18 +129,28 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def print_fit(result: FitResult, overhead: float | None) -> None:
-    print("\nstep-time parameters (modeled seconds):")
-    for p in PARAMS:
+def _print_params(names: tuple[str, ...], result: FitResult | FrontendFit, width: int = 16) -> None:
+    for p in names:
         if p in result.not_identified:
-            print(f"  {p:<16} not identified: {result.not_identified[p]}")
+            print(f"  {p:<{width}} not identified: {result.not_identified[p]}")
         else:
             unit = UNITS.get(p, "s")
-            print(f"  {p:<16} {result.values[p]:.4g} {unit} ± {result.stderr[p]:.2g}")
-    print(f"  {'client_overhead_s':<16} {_num(overhead)} s (client mean E2E − vLLM mean E2E; not in the profile)")
+            print(f"  {p:<{width}} {result.values[p]:.4g} {unit} ± {result.stderr[p]:.2g}")
+
+
+def print_fit(result: FitResult, overhead: float | None, frontend: FrontendFit) -> None:
+    print("\nstep-time parameters (modeled seconds):")
+    _print_params(PARAMS, result)
+    print("\nfrontend parameters (API-server time outside the engine core, seconds):")
+    _print_params(FRONTEND_PARAMS, frontend, 22)
+    print(f"  (frontend_fixed_s: {SPLIT})")
+    print(f"  {'client_overhead_s':<22} {_num(overhead)} s (client mean E2E − vLLM mean E2E; not in the profile)")
     print("\nfit rows (server means, ms): stage, observable, observed, fitted, residual")
     for stage, obs, y, f in result.rows:
         print(f"  {stage:<14} {obs:<13} {y * 1000:9.3f} {f * 1000:9.3f} {(f - y) / y * 100:+7.1f}%")
+    print("\nfrontend rows (vLLM's TTFT − queue − prefill means, ms): stage, mean running, observed, fitted")
+    for stage, r, y, f in frontend.rows:
+        print(f"  {stage:<14} {r:13.3f} {y * 1000:9.3f} {f * 1000:9.3f}")
 
 
 def errors(real: dict[str, float], sim: dict[str, float | None]) -> dict[str, float | None]:
@@ -190,9 +203,10 @@ def run(args: argparse.Namespace) -> int:
     if not fit_stages:
         raise UsageError("--hold-out leaves no stage to fit")
     _say(f"calibrate: {len(stages)} stages ({len(fit_stages)} fitted, {len(stages) - len(fit_stages)} held out)")
-    result = fit(model, fit_stages, fixed=args.fix, say=_say)
+    result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say)
+    frontend = fit_frontend(fit_stages, fixed=args.fix, say=_say)
     overhead = client_overhead_s(fit_stages)
-    print_fit(result, overhead)
+    print_fit(result, overhead, frontend)
     kv = kv_decision(stages)  # the server's configuration, the same in held-out stages
     print(f"\nKV capacity: {kv.reason}")
     name = args.name or args.profile.stem
@@ -201,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         f"(stages {', '.join(s.name for s in fit_stages)}; model profile {model.name})"
     )
     try:
-        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks)
+        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend)
     except OSError as err:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
     except ProfileError as err:
@@ -211,9 +225,10 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, object] = {
         "stages": [s.name for s in stages],
         "held_out": list(args.hold_out),
-        "parameters": result.values,
-        "stderr": result.stderr,
-        "not_identified": result.not_identified,
+        "parameters": {**result.values, **frontend.values},
+        "stderr": {**result.stderr, **frontend.stderr},
+        "not_identified": {**result.not_identified, **frontend.not_identified},
+        "frontend_split": SPLIT,
         "client_overhead_s": overhead,
         "kv_capacity": {
             "blocks": kv.capacity.blocks if kv.capacity else None,
@@ -222,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
             "reason": kv.reason,
         },
         "rows": [{"stage": a, "observable": b, "observed_s": c, "fitted_s": d} for a, b, c, d in result.rows],
+        "frontend_rows": [
+            {"stage": a, "mean_running": b, "observed_s": c, "fitted_s": d} for a, b, c, d in frontend.rows
+        ],
         "profile": str(args.profile),
     }
     if not args.no_predict:

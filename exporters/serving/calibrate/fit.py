@@ -183,62 +183,71 @@ def _solve(x: np.ndarray, y: np.ndarray, free: list[int]) -> tuple[np.ndarray, n
     return coef, se
 
 
-def _linear(x: np.ndarray, y: np.ndarray, fixed: Sequence[str], say: Callable[[str], None]) -> FitResult:
-    """The identification rounds on one design (rows already divided by their observations)."""
+def linear_fit(
+    x: np.ndarray,
+    y: np.ndarray,
+    fixed: Sequence[str],
+    say: Callable[[str], None],
+    names: Sequence[str] = PARAMS,
+    zero_column: str = "no step of the data is bound by this term (its column is 0)",
+) -> FitResult:
+    """The identification rounds on one design whose rows are divided by their weights (column 0, the fixed
+    cost ``names[0]``, is 1 / weight), ``y`` the weighted observations. Every parameter, the fixed cost too,
+    must be at least 0."""
     scale = np.linalg.norm(x, axis=0)
     scale[scale == 0] = 1.0
     xn = x / scale
     why: dict[str, str] = {p: "held at 0 (--fix)" for p in fixed}
-    free = [i for i, p in enumerate(PARAMS) if p not in why]
-    for i in list(free[1:]):
-        col = x[:, i] / x[:, 0]  # the rows' own values (x is divided by the observations, column 0 is 1/y)
+    free = [i for i, p in enumerate(names) if p not in why]
+    for i in [i for i in free if i != 0]:
+        col = x[:, i] / x[:, 0]  # the rows' own values (column 0 is 1 / weight)
         if not col.any():
-            why[PARAMS[i]] = "no step of the data is bound by this term (its column is 0)"
+            why[names[i]] = zero_column
             free.remove(i)
-        elif np.allclose(col, col[0], rtol=1e-9, atol=0.0):
-            why[PARAMS[i]] = f"its column is constant ({col[0]:.4g} in every row): one with step_overhead_s"
+        elif 0 in free and np.allclose(col, col[0], rtol=1e-9, atol=0.0):
+            why[names[i]] = f"its column is constant ({col[0]:.4g} in every row): one with {names[0]}"
             free.remove(i)
     rounds = 0
     while free:
         rounds += 1
         say(f"calibrate: fit round {rounds}: {len(free)} parameters, {len(y)} rows")
         if len(free) >= len(y) and len(free) > 1:
-            # No residual left to judge a parameter by: the last one goes until there is (step_overhead_s last).
+            # No residual left to judge a parameter by: the last one goes until there is (the fixed cost last).
             drop = max(free)
-            why[PARAMS[drop]] = f"not determined by the data ({len(y)} rows for {len(free)} parameters)"
+            why[names[drop]] = f"not determined by the data ({len(y)} rows for {len(free)} parameters)"
             free.remove(drop)
             continue
         _, s, vt = np.linalg.svd(xn[:, free], full_matrices=False)
         if s[-1] < COLLINEAR * s[0]:
             weakest = np.abs(vt[-1]) * (np.array(free) != 0)
             drop = free[int(np.argmax(weakest))]
-            names = [PARAMS[free[j]] for j in np.argsort(-np.abs(vt[-1])) if abs(vt[-1][j]) > 0.1]
-            why[PARAMS[drop]] = f"collinear with {', '.join(n for n in names if n != PARAMS[drop]) or 'the rest'}"
+            along = [names[free[j]] for j in np.argsort(-np.abs(vt[-1])) if abs(vt[-1][j]) > 0.1]
+            why[names[drop]] = f"collinear with {', '.join(n for n in along if n != names[drop]) or 'the rest'}"
             free.remove(drop)
             continue
         coef, se = _solve(xn, y, free)
         negative = [(c, j) for j, c in enumerate(coef) if c < 0]
         if negative:
             _, j = min(negative)
-            why[PARAMS[free[j]]] = f"fitted below zero ({coef[j] / scale[free[j]]:.3g}): set to 0"
+            why[names[free[j]]] = f"fitted below zero ({coef[j] / scale[free[j]]:.3g}): set to 0"
             free.pop(j)
             continue
         loose = [(se[j] / c, j) for j, c in enumerate(coef) if free[j] != 0 and c > 0 and se[j] > c]
         if loose:
             _, j = max(loose)
             value, err = coef[j] / scale[free[j]], se[j] / scale[free[j]]
-            why[PARAMS[free[j]]] = f"not determined by the data ({value:.3g} ± {err:.3g})"
+            why[names[free[j]]] = f"not determined by the data ({value:.3g} ± {err:.3g})"
             free.pop(j)
             continue
         break
-    values = dict.fromkeys(PARAMS, 0.0)
-    stderr = dict.fromkeys(PARAMS, 0.0)
+    values = dict.fromkeys(names, 0.0)
+    stderr = dict.fromkeys(names, 0.0)
     if free:
         coef, se = _solve(xn, y, free)
         for j, i in enumerate(free):
-            values[PARAMS[i]] = float(coef[j] / scale[i])
-            stderr[PARAMS[i]] = float(se[j] / scale[i])
-    return FitResult(values, stderr, {p: why[p] for p in PARAMS if p in why})
+            values[names[i]] = float(coef[j] / scale[i])
+            stderr[names[i]] = float(se[j] / scale[i])
+    return FitResult(values, stderr, {p: why[p] for p in names if p in why})
 
 
 def fit(
@@ -265,7 +274,7 @@ def fit(
             seen.append(bound)
             say(f"calibrate: start '{label}', regime round {regime_round}: {sum(map(sum, bound))} memory-bound steps")
             x = np.array([r.features(b) for r, b in zip(rows, bound, strict=True)])
-            result = _linear(x / y[:, None], np.ones(len(y)), fixed, say)
+            result = linear_fit(x / y[:, None], np.ones(len(y)), fixed, say)
             bound = [result.bound(r) for r in rows]
         residual = sum((result.predict(r) / yv - 1) ** 2 for r, yv in zip(rows, y, strict=True))
         if best is None or residual < best[0] - 1e-12:

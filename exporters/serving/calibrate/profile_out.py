@@ -8,6 +8,7 @@ profile's existing fields:
 - ``hbm_bytes_per_s`` = 1 / seconds per byte moved (weights + K and V) with ``memory_efficiency`` 1;
 - ``default_knobs.insertion_overhead_us``;
 - ``default_knobs.num_gpu_blocks``, the KV capacity the server stated (``kv.py``), where it stated one.
+- ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``, the frontend fit's (absent: 0).
 
 A term the data did not identify is written as free: ``peak_tensor_flops`` or ``hbm_bytes_per_s`` 1e30 (the
 term is then ~0 s), the overheads 0. Memory, power, clocks, LoRA and thermal fields stay the base's.
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from exporters.serving.calibrate.fit import FitResult
+from exporters.serving.calibrate.frontend_fit import FrontendFit
 from loadlens.contracts.gpu_profile import GPUProfile, load_gpu_profile
 
 FREE = 1e30
@@ -27,7 +29,12 @@ FREE = 1e30
 
 
 def profile_document(
-    fit: FitResult, base: GPUProfile, name: str, source: str, kv_blocks: int | None = None
+    fit: FitResult,
+    base: GPUProfile,
+    name: str,
+    source: str,
+    kv_blocks: int | None = None,
+    frontend: FrontendFit | None = None,
 ) -> dict[str, object]:
     doc: dict[str, object] = yaml.safe_load(Path(base.path).read_text(encoding="utf-8"))
     v = fit.values
@@ -45,14 +52,23 @@ def profile_document(
     if kv_blocks is not None:
         knobs["num_gpu_blocks"] = kv_blocks
     doc["default_knobs"] = knobs
+    f = frontend.values if frontend is not None else {}
+    doc["frontend_fixed_seconds"] = float(f"{f.get('frontend_fixed_s', 0.0):.6g}")
+    doc["frontend_per_running_seconds"] = float(f"{f.get('frontend_per_running_s', 0.0):.6g}")
     return doc
 
 
 def write_profile(
-    fit: FitResult, base: GPUProfile, path: Path, name: str, source: str, kv_blocks: int | None = None
+    fit: FitResult,
+    base: GPUProfile,
+    path: Path,
+    name: str,
+    source: str,
+    kv_blocks: int | None = None,
+    frontend: FrontendFit | None = None,
 ) -> GPUProfile:
     """Write the profile and load it back through the sim's loader (strict validation)."""
-    doc = profile_document(fit, base, name, source, kv_blocks)
+    doc = profile_document(fit, base, name, source, kv_blocks, frontend)
     header = "# Written by `loadlens calibrate` (docs/calibration.md); a sim GPU profile.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110), encoding="utf-8")

@@ -1,0 +1,79 @@
+"""The API-server (frontend) fit of ``loadlens calibrate`` (docs/calibration.md, *The frontend rows*).
+
+vLLM stamps a request's arrival in its API server before input processing and ends its TTFT when its API
+server's output handler sees the first token; its queue and prefill intervals are engine-core stamps. So per
+stage, vLLM's TTFT mean minus its queue mean minus its prefill mean is the time outside the engine core: the
+input part (rendering, tokenization, the hop to the engine core and the wait for its loop to take the request
+in) and the output part (the hop back and output processing). The sim's frontend stage
+(exporters/serving/engines/sim/frontend.py) models it as
+
+    gap = frontend_fixed + frontend_per_running · R
+
+R the stage's mean running requests (Little's law, :func:`.fit.running`). Weighted least squares, each row
+divided by the stage's TTFT mean (a residual counts as its share of the TTFT the sim predicts), with the step
+fit's identification rules (:func:`.fit.linear_fit`): one stage, or stages of one R, leave the per-running
+cost not identified (one with the fixed cost). vLLM's series cannot split the fixed cost between input and
+output (it is in TTFT and in E2E alike), and a constant split moves nothing the sim predicts, so it is one
+parameter, spent before the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from exporters.serving.calibrate.fit import linear_fit, running
+from exporters.serving.calibrate.observations import Stage
+
+FRONTEND_PARAMS = ("frontend_fixed_s", "frontend_per_running_s")
+"""The fit's names; the profile's fields are ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``."""
+SPLIT = (
+    "vLLM's series cannot tell its input part from its output part (both are in TTFT and E2E); "
+    "the sim spends it before the waiting queue, which predicts the same"
+)
+"""Said beside ``frontend_fixed_s`` wherever calibrate reports it."""
+
+
+@dataclass(slots=True)
+class FrontendFit:
+    values: dict[str, float]
+    stderr: dict[str, float]
+    not_identified: dict[str, str] = field(default_factory=dict)
+    rows: list[tuple[str, float, float, float]] = field(default_factory=list)
+    """(stage, mean running, observed gap s, fitted gap s)."""
+
+    def predict(self, mean_running: float) -> float:
+        return self.values["frontend_fixed_s"] + self.values["frontend_per_running_s"] * mean_running
+
+
+def gap(stage: Stage) -> float | None:
+    """vLLM's TTFT mean minus its queue and prefill means (seconds); None without those series."""
+    ttft = stage.server_mean("vllm:time_to_first_token_seconds")
+    queue = stage.server_mean("vllm:request_queue_time_seconds")
+    prefill = stage.server_mean("vllm:request_prefill_time_seconds")
+    if ttft is None or queue is None or prefill is None:
+        return None
+    return ttft - queue - prefill
+
+
+def fit_frontend(
+    stages: Sequence[Stage], fixed: Sequence[str] = (), say: Callable[[str], None] = lambda _: None
+) -> FrontendFit:
+    """The frontend parameters over the stages that have the series; ``fixed`` ones are held at 0."""
+    rows = [(s.name, running(s), g, ttft) for s in stages
+            if (g := gap(s)) is not None and (ttft := s.server_mean("vllm:time_to_first_token_seconds"))]  # fmt: skip
+    held = [p for p in FRONTEND_PARAMS if p in fixed]
+    if not rows:
+        why = "no stage has vLLM's TTFT, queue and prefill series"
+        return FrontendFit(dict.fromkeys(FRONTEND_PARAMS, 0.0), dict.fromkeys(FRONTEND_PARAMS, 0.0),
+                           {p: "held at 0 (--fix)" if p in held else why for p in FRONTEND_PARAMS})  # fmt: skip
+    weight = np.array([t for *_, t in rows])
+    x = np.array([[1.0, r] for _, r, _, _ in rows]) / weight[:, None]
+    y = np.array([g for _, _, g, _ in rows]) / weight
+    say(f"calibrate: frontend fit: {len(rows)} rows (vLLM's TTFT − queue − prefill means)")
+    got = linear_fit(x, y, held, say, names=FRONTEND_PARAMS, zero_column="no stage ran any request (R is 0)")
+    result = FrontendFit(got.values, got.stderr, got.not_identified)
+    result.rows = [(name, r, g, result.predict(r)) for name, r, g, _ in rows]
+    return result
