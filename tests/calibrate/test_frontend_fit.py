@@ -41,8 +41,8 @@ def test_exact_data_recovers_both_parameters() -> None:
     got = fit_frontend(stages)
     assert got.not_identified == {}
     assert got.values == pytest.approx({"frontend_fixed_s": FIXED, "frontend_per_running_s": PER_RUNNING}, rel=1e-9)
-    assert [(name, r) for name, r, _, _ in got.rows] == [("c0.9", pytest.approx(0.9)), ("c1.4", pytest.approx(1.4)),
-                                                         ("c2.1", pytest.approx(2.1)), ("c4.5", pytest.approx(4.5))]  # fmt: skip
+    assert [name for name, *_ in got.rows] == ["c0.9", "c1.4", "c2.1", "c4.5"]
+    assert [r for _, r, _, _ in got.rows] == pytest.approx([0.9, 1.4, 2.1, 4.5], rel=1e-12)
     assert all(f == pytest.approx(y, rel=1e-9) for _, _, y, f in got.rows)
 
 
