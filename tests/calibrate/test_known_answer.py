@@ -9,7 +9,7 @@ from pathlib import Path
 
 from exporters.serving.calibrate.cli import GOAL, errors
 from exporters.serving.calibrate.fit import fit
-from exporters.serving.calibrate.frontend_fit import fit_frontend
+from exporters.serving.calibrate.frontend_fit import fit_frontend_replayed
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import replay
 from loadlens.contracts.gpu_profile import load_gpu_profile
@@ -20,16 +20,19 @@ TOLERANCE = {"step_overhead_s": 0.05, "per_seq_s": 0.30, "s_per_flop": 0.15, "in
 """Relative tolerance per recovered parameter. The fit's rows are stage means of a sum model, the sim's steps
 are exact: per_seq_s shares its column's direction with the decode FLOPs (both grow with the batch) and is
 the loosest."""
-FRONTEND_TOLERANCE = {"frontend_fixed_s": 0.10, "frontend_per_running_s": 0.25}
+FRONTEND_TOLERANCE = {"frontend_fixed_s": 0.15, "frontend_per_running_s": 0.25}
 """The frontend rows regress on the stage's mean running requests (Little's law, a time average), while the sim
-charges the sequences of the step that made the token: with its own admission gaps and groups, those differ by
-up to ~15 % on these stages, and the per-running cost takes it."""
+charges the sequences of the step that made the token, and they take the gap over the fitted sim's queue,
+whose mid-step waits differ from the hidden sim's where the fitted steps differ (a closed loop without jitter
+keeps its phase): 12 % and 9 % off on these stages."""
 
 
 def test_calibrate_recovers_hidden_parameters_and_predicts_held_out_stages(tmp_path: Path) -> None:
     stages = observe(hidden_profile(tmp_path), list(LOADS))
     fitted_stages = [s for s in stages if s.name not in HELD_OUT]
-    result, frontend = fit(model(), fitted_stages), fit_frontend(fitted_stages)
+    result = fit(model(), fitted_stages)
+    step_only = write_profile(result, load_gpu_profile("h100-sxm"), tmp_path / "step.yaml", "step", "test")
+    frontend = fit_frontend_replayed(model(), step_only, fitted_stages)
     for name, tol in TOLERANCE.items():
         got, want = result.values[name], HIDDEN[name]
         assert abs(got - want) <= tol * want, (name, got, want)

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.fit import PARAMS, FitResult, client_overhead_s, fit
-from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend
+from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend_replayed
 from exporters.serving.calibrate.kv import kv_decision
 from exporters.serving.calibrate.observations import CalibrationInputError, Stage, check_usable, read_stages
 from exporters.serving.calibrate.profile_out import write_profile
-from exporters.serving.calibrate.replay import StageLoad, replay
+from exporters.serving.calibrate.replay import replay, stage_load
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE
 from loadlens.contracts.gpu_profile import load_gpu_profile
 from loadlens.contracts.model_profile import load_model_profile
@@ -148,9 +148,10 @@ def print_fit(result: FitResult, overhead: float | None, frontend: FrontendFit) 
     print("\nfit rows (server means, ms): stage, observable, observed, fitted, residual")
     for stage, obs, y, f in result.rows:
         print(f"  {stage:<14} {obs:<13} {y * 1000:9.3f} {f * 1000:9.3f} {(f - y) / y * 100:+7.1f}%")
-    print("\nfrontend rows (vLLM's TTFT − queue − prefill means, ms): stage, mean running, observed, fitted")
+    print("\nfrontend rows (vLLM's TTFT − prefill means − the sim's queue mean, ms): stage, mean running, "
+          "sim queue, observed, fitted")  # fmt: skip
     for stage, r, y, f in frontend.rows:
-        print(f"  {stage:<14} {r:13.3f} {y * 1000:9.3f} {f * 1000:9.3f}")
+        print(f"  {stage:<14} {r:13.3f} {frontend.queues[stage] * 1000:9.3f} {y * 1000:9.3f} {f * 1000:9.3f}")
 
 
 def errors(real: dict[str, float], sim: dict[str, float | None]) -> dict[str, float | None]:
@@ -204,22 +205,23 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--hold-out leaves no stage to fit")
     _say(f"calibrate: {len(stages)} stages ({len(fit_stages)} fitted, {len(stages) - len(fit_stages)} held out)")
     result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say)
-    frontend = fit_frontend(fit_stages, fixed=args.fix, say=_say)
     overhead = client_overhead_s(fit_stages)
-    print_fit(result, overhead, frontend)
     kv = kv_decision(stages)  # the server's configuration, the same in held-out stages
-    print(f"\nKV capacity: {kv.reason}")
     name = args.name or args.profile.stem
     source = (
         f"fitted by loadlens calibrate on {datetime.now(UTC):%Y-%m-%d} to {', '.join(args.runs)} "
         f"(stages {', '.join(s.name for s in fit_stages)}; model profile {model.name})"
     )
     try:
+        step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks)
+        frontend = fit_frontend_replayed(model, step_only, fit_stages, args.fix, _say, max(overhead or 0.0, 0.0))
         gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend)
     except OSError as err:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
     except ProfileError as err:
         raise UsageError(f"the fitted profile does not load: {err}") from err
+    print_fit(result, overhead, frontend)
+    print(f"\nKV capacity: {kv.reason}")
     print(f"\nprofile: {args.profile} (loadlens serve --engine sim --model-profile {args.model_profile} "
           f"--gpu-profile {args.profile})")  # fmt: skip
     report: dict[str, object] = {
@@ -238,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
         },
         "rows": [{"stage": a, "observable": b, "observed_s": c, "fitted_s": d} for a, b, c, d in result.rows],
         "frontend_rows": [
-            {"stage": a, "mean_running": b, "observed_s": c, "fitted_s": d} for a, b, c, d in frontend.rows
+            {"stage": a, "mean_running": b, "queue_s": frontend.queues[a], "observed_s": c, "fitted_s": d}
+            for a, b, c, d in frontend.rows
         ],
         "profile": str(args.profile),
     }
@@ -246,8 +249,7 @@ def run(args: argparse.Namespace) -> int:
         rows: list[dict[str, object]] = []
         for i, s in enumerate(stages, 1):
             _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({s.duration_s:.0f} s modeled)")
-            load = StageLoad(s.users, round(s.prompt_tokens), round(s.output_tokens), s.duration_s)
-            sim = replay(model, gpu, load, client_overhead_s=max(overhead or 0.0, 0.0)).figures
+            sim = replay(model, gpu, stage_load(s), client_overhead_s=max(overhead or 0.0, 0.0)).figures
             real = {**s.figures, **s.server_figures()}
             rows.append({"stage": s.name, "set": "held-out" if s.name in args.hold_out else "fit",
                          "real": real, "sim": sim, "error": errors(real, sim)})  # fmt: skip

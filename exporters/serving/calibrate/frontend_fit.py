@@ -19,13 +19,16 @@ parameter, spent before the queue.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from exporters.serving.calibrate.fit import linear_fit, running
 from exporters.serving.calibrate.observations import Stage
+from exporters.serving.calibrate.replay import replay, stage_load
+from loadlens.contracts.gpu_profile import GPUProfile
+from loadlens.contracts.model_profile import ModelProfile
 
 FRONTEND_PARAMS = ("frontend_fixed_s", "frontend_per_running_s")
 """The fit's names; the profile's fields are ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``."""
@@ -34,6 +37,10 @@ SPLIT = (
     "the sim spends it before the waiting queue, which predicts the same"
 )
 """Said beside ``frontend_fixed_s`` wherever calibrate reports it."""
+QUEUE = "vllm:request_queue_time_seconds"
+REPLAY_ROUNDS = 2
+"""Fits over the sim's queue (:func:`fit_frontend_replayed`): the first over a replay without the frontend, the
+second over one with the first fit's."""
 
 
 @dataclass(slots=True)
@@ -43,15 +50,19 @@ class FrontendFit:
     not_identified: dict[str, str] = field(default_factory=dict)
     rows: list[tuple[str, float, float, float]] = field(default_factory=list)
     """(stage, mean running, observed gap s, fitted gap s)."""
+    queues: dict[str, float] = field(default_factory=dict)
+    """Per stage, the queue mean (s) the gap was taken over: the sim's own, from a replay
+    (:func:`fit_frontend_replayed`), else vLLM's."""
 
     def predict(self, mean_running: float) -> float:
         return self.values["frontend_fixed_s"] + self.values["frontend_per_running_s"] * mean_running
 
 
-def gap(stage: Stage) -> float | None:
-    """vLLM's TTFT mean minus its queue and prefill means (seconds); None without those series."""
+def gap(stage: Stage, queue: float | None = None) -> float | None:
+    """vLLM's TTFT mean minus its prefill mean and ``queue`` (default: vLLM's queue mean), seconds; None
+    without those series."""
     ttft = stage.server_mean("vllm:time_to_first_token_seconds")
-    queue = stage.server_mean("vllm:request_queue_time_seconds")
+    queue = stage.server_mean(QUEUE) if queue is None else queue
     prefill = stage.server_mean("vllm:request_prefill_time_seconds")
     if ttft is None or queue is None or prefill is None:
         return None
@@ -59,11 +70,18 @@ def gap(stage: Stage) -> float | None:
 
 
 def fit_frontend(
-    stages: Sequence[Stage], fixed: Sequence[str] = (), say: Callable[[str], None] = lambda _: None
+    stages: Sequence[Stage],
+    fixed: Sequence[str] = (),
+    say: Callable[[str], None] = lambda _: None,
+    queues: Mapping[str, float] | None = None,
 ) -> FrontendFit:
-    """The frontend parameters over the stages that have the series; ``fixed`` ones are held at 0."""
+    """The frontend parameters over the stages that have the series; ``fixed`` ones are held at 0. ``queues``:
+    per stage the queue mean to take the gap over instead of vLLM's (the sim's own, see
+    :func:`fit_frontend_replayed`)."""
+    queues = dict(queues or {})
     rows = [(s.name, running(s), g, ttft) for s in stages
-            if (g := gap(s)) is not None and (ttft := s.server_mean("vllm:time_to_first_token_seconds"))]  # fmt: skip
+            if (g := gap(s, queues.get(s.name))) is not None
+            and (ttft := s.server_mean("vllm:time_to_first_token_seconds"))]  # fmt: skip
     held = [p for p in FRONTEND_PARAMS if p in fixed]
     if not rows:
         why = "no stage has vLLM's TTFT, queue and prefill series"
@@ -76,4 +94,43 @@ def fit_frontend(
     got = linear_fit(x, y, held, say, names=FRONTEND_PARAMS, zero_column="no stage ran any request (R is 0)")
     result = FrontendFit(got.values, got.stderr, got.not_identified)
     result.rows = [(name, r, g, result.predict(r)) for name, r, g, _ in rows]
+    result.queues = {s.name: q for s in stages if (q := queues.get(s.name, s.server_mean(QUEUE))) is not None}
+    return result
+
+
+def with_frontend(gpu: GPUProfile, frontend: FrontendFit) -> GPUProfile:
+    """``gpu`` with the frontend fit's fields (the step fit's profile, in memory, for a replay)."""
+    v = frontend.values
+    return gpu.model_copy(update={"frontend_fixed_seconds": v["frontend_fixed_s"],
+                                  "frontend_per_running_seconds": v["frontend_per_running_s"]})  # fmt: skip
+
+
+def fit_frontend_replayed(
+    model: ModelProfile,
+    gpu: GPUProfile,
+    stages: Sequence[Stage],
+    fixed: Sequence[str] = (),
+    say: Callable[[str], None] = lambda _: None,
+    client_overhead_s: float = 0.0,
+) -> FrontendFit:
+    """The frontend fit over the sim's own queue means. vLLM stamps a request queued when its engine core's
+    loop takes it in, between steps, so the wait of a request that arrives during a step is in vLLM's gap,
+    not in its queue; the sim queues a request on entry, so its queue holds that wait. Taking vLLM's gap as
+    the frontend would count the wait twice. So each stage is replayed on ``gpu`` (the step fit's profile) and
+    the gap is vLLM's TTFT mean minus its prefill mean minus the sim's queue mean; then again with the
+    frontend so fitted (where the requests enter the engine moves the wait), and the second fit is kept."""
+    if all(p in fixed for p in FRONTEND_PARAMS):
+        return fit_frontend(stages, fixed, say)
+    current, result = gpu, None
+    for rnd in range(1, REPLAY_ROUNDS + 1):
+        queues: dict[str, float] = {}
+        for s in stages:
+            say(f"calibrate: frontend round {rnd}: replaying {s.name} for the sim's queue")
+            figures = replay(model, current, stage_load(s), client_overhead_s=client_overhead_s).figures
+            queue_ms = figures.get("server_mean_queue_ms")
+            if queue_ms is not None:
+                queues[s.name] = queue_ms / 1000
+        result = fit_frontend(stages, fixed, say, queues)
+        current = with_frontend(gpu, result)
+    assert result is not None
     return result

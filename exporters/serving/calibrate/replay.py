@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporters.serving.calibrate.observations import server_figures
+from exporters.serving.calibrate.observations import Stage, server_figures
 from exporters.serving.engine import GenerationRequest, SamplingParams
 from exporters.serving.engines.sim import SimEngine
 from exporters.serving.engines.sim.profile import GPUProfile
@@ -48,6 +48,11 @@ class StageLoad:
     output: int
     duration_s: float
     warmup_s: float = 2.0
+
+
+def stage_load(stage: Stage) -> StageLoad:
+    """The load of a measured stage: its users, the tokens the server counted, its duration."""
+    return StageLoad(stage.users, round(stage.prompt_tokens), round(stage.output_tokens), stage.duration_s)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
