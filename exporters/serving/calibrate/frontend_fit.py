@@ -1,20 +1,22 @@
 """The API-server (frontend) fit of ``loadlens calibrate`` (docs/calibration.md, *The frontend rows*).
 
 vLLM stamps a request's arrival in its API server before input processing and ends its TTFT when its API
-server's output handler sees the first token; its queue and prefill intervals are engine-core stamps. So per
-stage, vLLM's TTFT mean minus its queue mean minus its prefill mean is the time outside the engine core: the
-input part (rendering, tokenization, the hop to the engine core and the wait for its loop to take the request
-in) and the output part (the hop back and output processing). The sim's frontend stage
-(exporters/serving/engines/sim/frontend.py) models it as
+server's output handler sees the first token; its queue and prefill intervals are engine-core stamps, and its
+engine core stamps a request queued when its loop takes it in, between steps. So per stage, vLLM's TTFT mean
+minus its queue and prefill means is the time outside the engine core (rendering, tokenization, the hops to
+the engine core and back, output processing) plus the wait of a request that arrived during a step. The sim's
+frontend stage (exporters/serving/engines/sim/frontend.py) models the first as
 
     gap = frontend_fixed + frontend_per_running · R
 
-R the stage's mean running requests (Little's law, :func:`.fit.running`). Weighted least squares, each row
-divided by the stage's TTFT mean (a residual counts as its share of the TTFT the sim predicts), with the step
-fit's identification rules (:func:`.fit.linear_fit`): one stage, or stages of one R, leave the per-running
-cost not identified (one with the fixed cost). vLLM's series cannot split the fixed cost between input and
-output (it is in TTFT and in E2E alike), and a constant split moves nothing the sim predicts, so it is one
-parameter, spent before the queue.
+R the stage's mean running requests (Little's law, :func:`.fit.running`); the second the sim already makes,
+in its queue (it queues a request on entry). So the rows take the gap over the sim's own queue mean, from a
+replay of the stage on the step fit's profile (:func:`fit_frontend_replayed`), not over vLLM's. Weighted least
+squares, each row divided by the stage's TTFT mean (a residual counts as its share of the TTFT the sim
+predicts), with the step fit's identification rules (:func:`.fit.linear_fit`): one stage, or stages of one R,
+leave the per-running cost not identified (one with the fixed cost). vLLM's series cannot split the fixed
+cost between input and output (it is in TTFT and in E2E alike), and a constant split moves nothing the sim
+predicts, so it is one parameter, spent before the queue.
 """
 
 from __future__ import annotations
