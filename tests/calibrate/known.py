@@ -47,7 +47,9 @@ def hidden_profile(tmp: Path, frontend: bool = True) -> GPUProfile:
     """The hidden sim; ``frontend=False``: without its API-server stage."""
     fit = FitResult(values=dict(HIDDEN), stderr=dict.fromkeys(HIDDEN, 0.0))
     front = FrontendFit(dict(HIDDEN_FRONTEND), dict.fromkeys(HIDDEN_FRONTEND, 0.0)) if frontend else None
-    return write_profile(fit, load_gpu_profile("h100-sxm"), tmp / "hidden.yaml", "hidden", "known-answer test", frontend=front)
+    return write_profile(
+        fit, load_gpu_profile("h100-sxm"), tmp / "hidden.yaml", "hidden", "known-answer test", frontend=front
+    )
 
 
 def observe(gpu: GPUProfile, names: list[str]) -> list[Stage]:

@@ -42,7 +42,9 @@ def test_calibrate_recovers_hidden_parameters_and_predicts_held_out_stages(tmp_p
         assert abs(got - want) <= tol * want, (name, got, want)
     # No step of the hidden sim is memory-bound: the fit must not invent a memory term.
     assert result.not_identified == {"s_per_byte": "no step of the data is bound by this term (its column is 0)"}
-    fitted = write_profile(result, load_gpu_profile("h100-sxm"), tmp_path / "fitted.yaml", "fitted", "test", frontend=frontend)
+    fitted = write_profile(
+        result, load_gpu_profile("h100-sxm"), tmp_path / "fitted.yaml", "fitted", "test", frontend=frontend
+    )
     for stage in stages:
         if stage.name not in HELD_OUT:
             continue
