@@ -203,7 +203,7 @@ class SimEngine(Engine):
     # --- admission -----------------------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> RequestStream:
-        await self._frontend.enter()  # the API server's input part (frontend.py), checks included
+        await self._frontend.enter()  # the API server's input part (frontend.py): vLLM checks after its arrival stamp
         if self._crashed is not None:
             raise EngineError(ErrorKind.INTERNAL, f"sim engine loop crashed: {self._crashed!r}")
         if self._task is None or self._stopping:
