@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
-from exporters.serving.calibrate.fit import PARAMS, FitResult, client_overhead_s, fit
+from exporters.serving.calibrate.client_overhead import ClientOverhead, fit_client_overhead
+from exporters.serving.calibrate.fit import PARAMS, FitResult, fit
 from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend_replayed
 from exporters.serving.calibrate.kv import kv_decision
 from exporters.serving.calibrate.observations import CalibrationInputError, Stage, check_usable, read_stages
@@ -73,6 +74,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
                    help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip
     p.add_argument("--no-predict", action="store_true", help="fit and write only; no replay on the sim")
+    p.add_argument("--constant-client-overhead", action="store_true", help="model the time outside vLLM as one "
+                   "constant (the mean over the fitted stages) instead of growing with the stage's users")  # fmt: skip
     p.add_argument("--json", type=Path, help="also write the whole report as JSON to this file")
     p.set_defaults(handler=run)
 
@@ -138,13 +141,19 @@ def _print_params(names: tuple[str, ...], result: FitResult | FrontendFit, width
             print(f"  {p:<{width}} {result.values[p]:.4g} {unit} ± {result.stderr[p]:.2g}")
 
 
-def print_fit(result: FitResult, overhead: float | None, frontend: FrontendFit) -> None:
+def print_fit(result: FitResult, overhead: ClientOverhead | None, frontend: FrontendFit) -> None:
     print("\nstep-time parameters (modeled seconds):")
     _print_params(PARAMS, result)
     print("\nfrontend parameters (API-server time outside the engine core, seconds):")
     _print_params(FRONTEND_PARAMS, frontend, 22)
     print(f"  (frontend_fixed_s: {SPLIT})")
-    print(f"  {'client_overhead_s':<22} {_num(overhead)} s (client mean E2E − vLLM mean E2E; not in the profile)")
+    print("\nclient overhead (client mean E2E − vLLM mean E2E, before each replayed request; not in the profile):")
+    if overhead is None:
+        print("  none: no fitted stage has both means (0 used)")
+    else:
+        print(f"  {overhead.note}")
+        gaps = ", ".join(f"{name} {gap * 1000:.1f}" for name, (_, gap) in overhead.gaps.items())
+        print(f"  per stage, ms: {gaps}")
     print("\nfit rows (server means, ms): stage, observable, observed, fitted, residual")
     for stage, obs, y, f in result.rows:
         print(f"  {stage:<14} {obs:<13} {y * 1000:9.3f} {f * 1000:9.3f} {(f - y) / y * 100:+7.1f}%")
@@ -205,7 +214,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--hold-out leaves no stage to fit")
     _say(f"calibrate: {len(stages)} stages ({len(fit_stages)} fitted, {len(stages) - len(fit_stages)} held out)")
     result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say)
-    overhead = client_overhead_s(fit_stages)
+    overhead = fit_client_overhead(fit_stages, args.constant_client_overhead)
+
+    def outside(s: Stage) -> float:
+        return overhead.at(s.users) if overhead is not None else 0.0
+
     kv = kv_decision(stages)  # the server's configuration, the same in held-out stages
     name = args.name or args.profile.stem
     source = (
@@ -214,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks)
-        frontend = fit_frontend_replayed(model, step_only, fit_stages, args.fix, _say, max(overhead or 0.0, 0.0))
+        frontend = fit_frontend_replayed(model, step_only, fit_stages, args.fix, _say, outside)
         gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend)
     except OSError as err:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
@@ -231,7 +244,15 @@ def run(args: argparse.Namespace) -> int:
         "stderr": {**result.stderr, **frontend.stderr},
         "not_identified": {**result.not_identified, **frontend.not_identified},
         "frontend_split": SPLIT,
-        "client_overhead_s": overhead,
+        "client_overhead_s": overhead.mean_s if overhead else None,
+        "client_overhead": {
+            "fixed_s": overhead.fixed_s,
+            "per_user_s": overhead.per_user_s,
+            "model": overhead.note,
+            "gaps_s": {name: gap for name, (_, gap) in overhead.gaps.items()},
+        }
+        if overhead
+        else None,
         "kv_capacity": {
             "blocks": kv.capacity.blocks if kv.capacity else None,
             "block_size": kv.capacity.block_size if kv.capacity else None,
@@ -249,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         rows: list[dict[str, object]] = []
         for i, s in enumerate(stages, 1):
             _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({s.duration_s:.0f} s modeled)")
-            sim = replay(model, gpu, stage_load(s), client_overhead_s=max(overhead or 0.0, 0.0)).figures
+            sim = replay(model, gpu, stage_load(s), client_overhead_s=outside(s)).figures
             real = {**s.figures, **s.server_figures()}
             rows.append({"stage": s.name, "set": "held-out" if s.name in args.hold_out else "fit",
                          "real": real, "sim": sim, "error": errors(real, sim)})  # fmt: skip

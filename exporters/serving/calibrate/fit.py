@@ -284,16 +284,3 @@ def fit(
     result.memory_bound_steps = sum(map(sum, (result.bound(r) for r in rows)))
     result.rows = [(name, obs, yv, result.predict(row)) for name, obs, row, yv in labelled]
     return result
-
-
-def client_overhead_s(stages: Sequence[Stage]) -> float | None:
-    """Mean over stages of the client's mean E2E minus vLLM's mean E2E: the time a request spends outside
-    vLLM's own measure (HTTP, the API server before its arrival stamp, delivery to the client, the client's
-    turnaround); None without data."""
-    gaps = []
-    for s in stages:
-        server = s.server_mean("vllm:e2e_request_latency_seconds")
-        client = s.figures.get("mean_e2el_ms")
-        if server is not None and client:
-            gaps.append(client / 1000 - server)
-    return sum(gaps) / len(gaps) if gaps else None
