@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from exporters.serving.metrics import OVERFLOW_MODEL, ServingMetrics
 from exporters.serving.protocol import ParsedRequest, RequestError, parse_generation, parse_json_body
 from exporters.serving.request_log import LogFormat, RequestLogger
 from exporters.serving.streaming import GenerationResponse, admit_unless_client_leaves
-from exporters.serving.tracing import Tracing, extract_context, parse_traceparent
+from exporters.serving.tracing import Tracing, extract_context, new_request_id, parse_traceparent
 from loadlens import __version__
 from loadlens.contracts.slo import SLOConfig, load_slos
 from loadlens.util.openai_errors import error_response
@@ -95,6 +94,16 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
 
+_ROUTE_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, "/v1/responses"})
+
+
+def _path(request: Request) -> str:
+    """``request.url.path`` (the scope's path, escaped as a URL's), without building the URL for the generation
+    routes' own paths, which are that string already."""
+    path: str = request.scope["path"]
+    return path if path in _ROUTE_PATHS else request.url.path
+
+
 class TooLarge(Exception):
     """A request body over :data:`MAX_BODY_BYTES`."""
 
@@ -110,7 +119,8 @@ async def generate(
     respond: type[GenerationResponse] = GenerationResponse,
 ) -> Response:
     arrival = time.monotonic()
-    request_id = uuid.uuid4().hex
+    request_id = new_request_id()
+    path = _path(request)
     headers = request.headers
     parent_ids = parse_traceparent(headers.get("traceparent"))
     tracer = state.tracing.tracer
@@ -126,7 +136,7 @@ async def generate(
             parent=parent_ctx,
             parent_ids=parent_ids,
             request_id=request_id,
-            path=request.url.path,
+            path=path,
             endpoint=endpoint,
             requested_model=model,
             model_label=model if model in state.served else OVERFLOW_MODEL,
@@ -145,7 +155,7 @@ async def generate(
         # request log line and span, then logged with its traceback under the same trace id.
         life = lives[-1] if lives else early_life(state.base_model, 0, False)
         life.reject(500, INTERNAL.reason, f"internal error: {type(exc).__name__}: {exc}")
-        return internal_error_response(exc, life.trace_id, f"POST {request.url.path}")
+        return internal_error_response(exc, life.trace_id, f"POST {path}")
 
 
 async def _generate_inner(

@@ -37,14 +37,17 @@ class ChunkWriter:
     continuous_usage: bool
     _head: str = field(init=False, default="")
 
-    def __post_init__(self) -> None:
+    def _render_head(self) -> str:
+        """'{"id":...,"model":"m"' without the closing brace: chunks append their own fields. Rendered at the first
+        chunk this writer writes, not when it is made: a proxied stream forwards the upstream's own chunks and
+        most often never needs it."""
         if self.endpoint == "chat":
             head = {"id": self.response_id, "object": "chat.completion.chunk", "created": self.created}
         else:
             head = {"id": self.response_id, "object": "text_completion", "created": self.created}
         head["model"] = self.model
-        # '{"id":...,"model":"m"' without the closing brace: chunks append their own fields.
         self._head = _dumps(head, separators=(",", ":"))[:-1]
+        return self._head
 
     def _usage_suffix(self, prompt: int, completion: int) -> str:
         if not self.continuous_usage:
@@ -57,7 +60,8 @@ class ChunkWriter:
     def role(self, prompt: int) -> bytes:
         delta = '{"role":"assistant","content":""}'
         choice = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}'
-        return f'data: {self._head},"choices":[{choice}]{self._usage_suffix(prompt, 0)}}}\n\n'.encode()
+        head = self._head or self._render_head()
+        return f'data: {head},"choices":[{choice}]{self._usage_suffix(prompt, 0)}}}\n\n'.encode()
 
     def content(
         self, text: str, prompt: int, completion: int, finish_reason: str | None, stop_reason: str | None
@@ -69,11 +73,12 @@ class ChunkWriter:
             choice = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{fr},"stop_reason":{sr}}}'
         else:
             choice = f'{{"index":0,"text":{_dumps(text)},"logprobs":null,"finish_reason":{fr},"stop_reason":{sr}}}'
-        return f'data: {self._head},"choices":[{choice}]{self._usage_suffix(prompt, completion)}}}\n\n'.encode()
+        head = self._head or self._render_head()
+        return f'data: {head},"choices":[{choice}]{self._usage_suffix(prompt, completion)}}}\n\n'.encode()
 
     def usage(self, prompt: int, completion: int, cached: int = 0) -> bytes:
         body = _dumps(_usage(prompt, completion, cached), separators=(",", ":"))
-        return f'data: {self._head},"choices":[],"usage":{body}}}\n\n'.encode()
+        return f'data: {self._head or self._render_head()},"choices":[],"usage":{body}}}\n\n'.encode()
 
 
 def full_response(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Sequence
 
 import httpx
@@ -14,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
+from exporters.serving import tracing
 from exporters.serving.app import ServeSettings, create_app
 from exporters.serving.tracing import BoundedSpanProcessor, Tracing, parse_traceparent, tracing_requested
 from tests.serving.fakes import ScriptedEngine
@@ -155,3 +157,23 @@ def test_request_log_line_carries_trace_id(caplog: pytest.LogCaptureFixture) -> 
     assert line["finish_reason"] == "length"
     assert line["path"] == "/v1/chat/completions"
     assert line["ttft_ms"] > 0 and line["e2e_ms"] >= line["ttft_ms"]
+
+
+@pytest.mark.parametrize("seed", [b"\x00" * 16, b"\xff" * 16, bytes(range(16)), bytes(range(200, 216))])
+def test_ids_are_those_of_uuid4_and_token_hex_from_the_same_random_bytes(
+    seed: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """new_request_id is uuid.uuid4().hex, new_trace_id / new_span_id secrets.token_hex(16 / 8), made from the
+    same bytes of os.urandom."""
+    monkeypatch.setattr(tracing, "_urandom", lambda n: seed[:n])
+    assert tracing.new_request_id() == uuid.UUID(bytes=seed, version=4).hex
+    assert tracing.new_trace_id() == seed.hex()
+    assert tracing.new_span_id() == seed[:8].hex()
+
+
+def test_request_ids_have_uuid4_form() -> None:
+    ids = {tracing.new_request_id() for _ in range(200)}
+    assert len(ids) == 200
+    for value in ids:
+        parsed = uuid.UUID(hex=value)
+        assert (parsed.hex, parsed.version, parsed.variant) == (value, 4, uuid.RFC_4122)
