@@ -220,10 +220,7 @@ class RequestLifecycle:
             series.breach[slo].inc()
         if not missed:
             series.goodput.inc()
-        ok = series.ok
-        if ok is None:  # bound at the first success, as labels() here would: no 200 series before one
-            ok = series.ok = self.metrics.requests.labels(self.model_label, self.cls.name, "200")
-        ok.inc()
+        self.metrics.bind_ok(series, self.model_label, self.cls.name).inc()
         self._end_span(timing, now, None, cached_tokens)
         self._log(
             logging.INFO,

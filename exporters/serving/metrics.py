@@ -13,12 +13,14 @@ of the two series, so every scrape sees every token delivered before it (:class:
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Exemplar
 
 from exporters.serving.errors import REJECT_REASONS
 from loadlens.contracts import buckets
@@ -51,22 +53,24 @@ class ModelLabeler:
 
 @dataclass(slots=True)
 class SeriesSet:
-    """Children bound to one (operation, model, priority class): everything the request path touches."""
+    """Children bound to one (operation, model, priority class): everything the request path touches. What a
+    request adds when it is admitted and when it finishes goes to plain-number tallies of the children
+    (:class:`CountTally`, :class:`HistogramTally`), folded in before every collect."""
 
-    ttft: Histogram
-    tpot: Histogram
+    ttft: HistogramTally
+    tpot: HistogramTally
     itl: Histogram
-    duration_ok: Histogram
-    tokens_in: Histogram
-    tokens_out: Histogram
+    duration_ok: HistogramTally
+    tokens_in: HistogramTally
+    tokens_out: HistogramTally
     output_tokens: Counter
-    in_flight: Gauge
-    goodput: Counter
-    finished: Counter
-    breach: dict[str, Counter]
+    in_flight: CountTally
+    goodput: CountTally
+    finished: CountTally
+    breach: dict[str, CountTally]
     lora_blocking: Histogram
     lora_delayed: Counter
-    ok: Counter | None = None
+    ok: CountTally | None = None
     """``loadlens_requests{code="200"}`` of this model and class, once a request of this set succeeded."""
 
 
@@ -92,6 +96,84 @@ class FoldingHistogram(Histogram):
         if self.before_collect is not None:
             self.before_collect()
         return super().collect()
+
+
+class FoldingGauge(Gauge):
+    """:class:`FoldingCounter`'s ``before_collect`` for a Gauge."""
+
+    before_collect: Callable[[], None] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
+        return super().collect()
+
+
+class CountTally:
+    """A counter's or gauge's child, its ``inc``/``dec`` kept as a plain number until :class:`Tallies` folds
+    the difference into the child (one ``inc``, before every collect). Written only by the event loop's
+    thread, without a lock; a fold from another thread reads the number once and adds what it has not added
+    (integers, exact in a float: the child's value is the one the calls would have left)."""
+
+    __slots__ = ("_child", "_folded", "value")
+
+    def __init__(self, child: Counter | Gauge) -> None:
+        self._child = child
+        self.value: float = 0
+        self._folded: float = 0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        """For a gauge's child only."""
+        self.value -= amount
+
+    def fold(self) -> None:
+        value = self.value
+        if value != self._folded:
+            self._child.inc(value - self._folded)
+            self._folded = value
+
+
+class HistogramTally:
+    """A histogram's child whose ``observe`` adds to the child's sum at once, as ``Histogram.observe`` does (the
+    same additions, in the same order: the same sum), and counts the bucket (found by bisection, as observe's
+    scan finds it for a finite amount) and keeps its exemplar (made as observe makes it, with the time of the
+    observation) as plain numbers, until :class:`Tallies` folds them into the child's buckets before every
+    collect. Written only by the event loop's thread; counts only grow, so a fold in another thread misses
+    nothing. The exemplars are always valid (a trace id: 32 characters); observe would check them."""
+
+    __slots__ = ("_bounds", "_buckets", "_folded", "_set", "_sum", "counts", "exemplars")
+
+    def __init__(self, child: Histogram) -> None:
+        self._bounds: tuple[float, ...] = tuple(child._upper_bounds)
+        self._buckets = child._buckets
+        self._sum = child._sum
+        n = len(self._bounds)
+        self.counts = [0] * n
+        self._folded = [0] * n
+        self.exemplars: list[Exemplar | None] = [None] * n
+        self._set: list[Exemplar | None] = [None] * n
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        """``Histogram.observe(amount, exemplar)`` for a finite amount."""
+        self._sum.inc(amount)
+        i = bisect_left(self._bounds, amount)
+        self.counts[i] += 1
+        if exemplar:
+            self.exemplars[i] = Exemplar(exemplar, amount, time.time())
+
+    def fold(self) -> None:
+        folded, kept, buckets = self._folded, self._set, self._buckets
+        for i, count in enumerate(self.counts):
+            if count != folded[i]:
+                buckets[i].inc(count - folded[i])
+                folded[i] = count
+            exemplar = self.exemplars[i]
+            if exemplar is not kept[i]:
+                buckets[i].set_exemplar(exemplar)
+                kept[i] = exemplar
 
 
 class StreamTally:
@@ -154,6 +236,12 @@ class Tallies:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: set[StreamTally] = set()
+        self._kept: list[CountTally | HistogramTally] = []
+        """The series sets' tallies: folded before every collect, for as long as the metrics live."""
+
+    def keep(self, *tallies: CountTally | HistogramTally) -> None:
+        with self._lock:
+            self._kept.extend(tallies)
 
     def open(self, series: SeriesSet) -> StreamTally:
         tally = StreamTally(series)
@@ -168,10 +256,12 @@ class Tallies:
             self._live.discard(tally)
 
     def fold(self) -> None:
-        """Fold every live tally in (before a collect)."""
+        """Fold every live tally and every kept one in (before a collect)."""
         with self._lock:
             for tally in self._live:
                 tally.fold()
+            for kept in self._kept:
+                kept.fold()
 
 
 class ServingMetrics:
@@ -183,38 +273,38 @@ class ServingMetrics:
         self.model_label = ModelLabeler()
         self._sets: dict[tuple[str, str, str], SeriesSet] = {}
         self._lock = threading.Lock()
+        self.tallies = Tallies()
         genai = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "priority_class"]
         ll = ["model_name", "priority_class"]
 
-        self.ttft = Histogram(
+        self.ttft = FoldingHistogram(
             "gen_ai_server_time_to_first_token_seconds",
             "Time from request arrival at the serving layer to the first output token sent (successful requests).",
             genai,
             buckets=buckets.with_boundaries(buckets.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN, slos.all_thresholds("ttft")),
             registry=registry,
         )
-        self.tpot = Histogram(
+        self.tpot = FoldingHistogram(
             "gen_ai_server_time_per_output_token_seconds",
             "Per request: (duration - time to first token) / (output tokens - 1); requests with >1 output token.",
             genai,
             buckets=buckets.with_boundaries(buckets.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN, slos.all_thresholds("itl")),
             registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = FoldingHistogram(
             "gen_ai_server_request_duration_seconds",
             "Time from request arrival to the last byte of the response; error_type is set on failures.",
             [*genai, "error_type"],
             buckets=buckets.with_boundaries(buckets.GEN_AI_SERVER_REQUEST_DURATION, slos.all_thresholds("e2e")),
             registry=registry,
         )
-        self.token_usage = Histogram(
+        self.token_usage = FoldingHistogram(
             "gen_ai_server_token_usage",
             "Tokens per request by gen_ai_token_type (input, output); server-side mirror of gen_ai.client.token.usage.",
             [*genai, "gen_ai_token_type"],
             buckets=buckets.GEN_AI_TOKEN_USAGE,
             registry=registry,
         )
-        self.tallies = Tallies()
         self.itl = FoldingHistogram(
             "loadlens_inter_token_latency_seconds",
             "Gap between consecutive streamed output events of one request, as sent by the serving layer.",
@@ -228,14 +318,13 @@ class ServingMetrics:
             ll,
             registry=registry,
         )
-        self.itl.before_collect = self.output_tokens.before_collect = self.tallies.fold
-        self.requests = Counter(
+        self.requests = FoldingCounter(
             "loadlens_requests",
             "Finished generation requests by HTTP status code (after the response completed or failed).",
             ["model_name", "priority_class", "code"],
             registry=registry,
         )
-        self.in_flight = Gauge(
+        self.in_flight = FoldingGauge(
             "loadlens_requests_in_flight",
             "Generation requests admitted and not yet finished.",
             ll,
@@ -253,19 +342,19 @@ class ServingMetrics:
             ["model_name", "reason"],
             registry=registry,
         )
-        self.sla_breaches = Counter(
+        self.sla_breaches = FoldingCounter(
             "loadlens_sla_breaches",
             "Finished requests that missed one SLO of their priority class (ttft, itl judged on TPOT, e2e).",
             ["model_name", "priority_class", "slo"],
             registry=registry,
         )
-        self.goodput = Counter(
+        self.goodput = FoldingCounter(
             "loadlens_goodput_requests",
             "Successfully finished requests that met every SLO of their priority class.",
             ll,
             registry=registry,
         )
-        self.finished = Counter(
+        self.finished = FoldingCounter(
             "loadlens_slo_eligible_requests",
             "Successfully finished requests judged against the SLOs (the denominator of goodput and breaches).",
             ll,
@@ -318,6 +407,11 @@ class ServingMetrics:
         )
         for reason in ("queue_full", "export_failed"):
             self.spans_dropped.labels(reason)
+        for folding in (
+            self.ttft, self.tpot, self.duration, self.token_usage, self.itl, self.output_tokens, self.requests,
+            self.in_flight, self.sla_breaches, self.goodput, self.finished,
+        ):  # fmt: skip
+            folding.before_collect = self.tallies.fold
         self.build_info = Gauge(
             "loadlens_build_info",
             "Always 1; labels carry the loadlens version and the engine in use.",
@@ -349,22 +443,36 @@ class ServingMetrics:
     def _bind(self, operation: str, model: str, cls: str) -> SeriesSet:
         g = (operation, self.provider, model, cls)
         ll = (model, cls)
-        breach = {slo: self.sla_breaches.labels(model, cls, slo) for slo in SLO_NAMES}
-        return SeriesSet(
-            ttft=self.ttft.labels(*g),
-            tpot=self.tpot.labels(*g),
+        breach = {slo: CountTally(self.sla_breaches.labels(model, cls, slo)) for slo in SLO_NAMES}
+        found = SeriesSet(
+            ttft=HistogramTally(self.ttft.labels(*g)),
+            tpot=HistogramTally(self.tpot.labels(*g)),
             itl=self.itl.labels(*ll),
-            duration_ok=self.duration.labels(*g, ""),
-            tokens_in=self.token_usage.labels(*g, "input"),
-            tokens_out=self.token_usage.labels(*g, "output"),
+            duration_ok=HistogramTally(self.duration.labels(*g, "")),
+            tokens_in=HistogramTally(self.token_usage.labels(*g, "input")),
+            tokens_out=HistogramTally(self.token_usage.labels(*g, "output")),
             output_tokens=self.output_tokens.labels(*ll),
-            in_flight=self.in_flight.labels(*ll),
-            goodput=self.goodput.labels(*ll),
-            finished=self.finished.labels(*ll),
+            in_flight=CountTally(self.in_flight.labels(*ll)),
+            goodput=CountTally(self.goodput.labels(*ll)),
+            finished=CountTally(self.finished.labels(*ll)),
             breach=breach,
             lora_blocking=self.lora_blocking.labels(*ll),
             lora_delayed=self.lora_delayed.labels(*ll),
         )
+        self.tallies.keep(
+            found.ttft, found.tpot, found.duration_ok, found.tokens_in, found.tokens_out, found.in_flight,
+            found.goodput, found.finished, *breach.values(),
+        )  # fmt: skip
+        return found
+
+    def bind_ok(self, series: SeriesSet, model: str, cls: str) -> CountTally:
+        """``loadlens_requests{code="200"}`` of ``series``' model and class, bound (and its series made) at the
+        first success, as ``labels`` there would: no 200 series before one."""
+        ok = series.ok
+        if ok is None:
+            ok = series.ok = CountTally(self.requests.labels(model, cls, "200"))
+            self.tallies.keep(ok)
+        return ok
 
     def seed_model(self, model: str) -> None:
         """Create every class's series for a served model at zero, so rate() has a baseline from the start."""
