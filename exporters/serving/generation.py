@@ -32,6 +32,7 @@ from exporters.serving.errors import (
 from exporters.serving.lifecycle import RequestLifecycle
 from exporters.serving.metrics import OVERFLOW_MODEL, ServingMetrics
 from exporters.serving.protocol import ParsedRequest, RequestError, parse_generation, parse_json_body
+from exporters.serving.protocol_fast import parse_forwarded_common
 from exporters.serving.request_log import LogFormat, RequestLogger
 from exporters.serving.streaming import GenerationResponse, admit_unless_client_leaves
 from exporters.serving.tracing import Tracing, extract_context, new_request_id, parse_traceparent
@@ -174,7 +175,9 @@ async def _generate_inner(
         if parse is not None:
             parsed = parse(body)
         else:
-            parsed = parse_generation(endpoint, body, forwarded=state.engine.forwards_upstream_errors)
+            forwarded = state.engine.forwards_upstream_errors
+            common = parse_forwarded_common(endpoint, body) if forwarded else None  # the same, without pydantic
+            parsed = common or parse_generation(endpoint, body, forwarded=forwarded)
     except TooLarge:
         life = early_life(state.base_model, 0, False)
         life.reject(413, INVALID_REQUEST.reason, f"request body larger than {MAX_BODY_BYTES} bytes")
