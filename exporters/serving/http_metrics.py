@@ -33,9 +33,19 @@ import time
 from collections.abc import Sequence
 
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, Summary
+from prometheus_client import CollectorRegistry, ProcessCollector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from exporters.serving.metrics import Tallies
+from exporters.serving.tallies import (
+    CountTally,
+    FoldingCounter,
+    FoldingHistogram,
+    FoldingSummary,
+    HistogramTally,
+    SummaryTally,
+)
 
 EXCLUDED_HANDLERS: tuple[str, ...] = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
 """vLLM's ``excluded_handlers`` (regular expressions searched in the route template)."""
@@ -54,43 +64,49 @@ UNTEMPLATED = "none"
 
 
 class HttpMetrics:
-    """The five series, on the registry given."""
+    """The five series, on the registry given. A request's observations go to plain-number tallies of the
+    children (exporters/serving/metrics.py), folded in before every collect of the five."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
+        self.tallies = Tallies()
+        self.requests = FoldingCounter(
             "http_requests_total",
             "Total number of requests by method, status and handler.",
             ("method", "status", "handler"),
             registry=registry,
         )
-        self.request_size = Summary(
+        self.request_size = FoldingSummary(
             "http_request_size_bytes",
             "Content length of incoming requests by handler. Only value of header is respected. "
             "Otherwise ignored. No percentile calculated. ",
             ("handler",),
             registry=registry,
         )
-        self.response_size = Summary(
+        self.response_size = FoldingSummary(
             "http_response_size_bytes",
             "Content length of outgoing responses by handler. Only value of header is respected. "
             "Otherwise ignored. No percentile calculated. ",
             ("handler",),
             registry=registry,
         )
-        self.duration_highr = Histogram(
+        self.duration_highr = FoldingHistogram(
             "http_request_duration_highr_seconds",
             "Latency with many buckets but no API specific labels. Made for more accurate percentile calculations. ",
             registry=registry,
             buckets=DURATION_HIGHR_BUCKETS,
         )
-        self.duration = Histogram(
+        self.duration = FoldingHistogram(
             "http_request_duration_seconds",
             "Latency with only few buckets by handler. Made to be only used if aggregation by handler is important. ",
             ("method", "handler"),
             registry=registry,
             buckets=DURATION_BUCKETS,
         )
-        self._children: dict[tuple[str, int, str], tuple[Counter, Summary, Summary, Histogram]] = {}
+        for folding in (self.requests, self.request_size, self.response_size, self.duration_highr, self.duration):
+            folding.before_collect = self.tallies.fold
+        self._highr = HistogramTally(self.duration_highr)
+        self.tallies.keep(self._highr)
+        self._children: dict[tuple[str, int, str], tuple[CountTally, SummaryTally, SummaryTally, HistogramTally]] = {}
         """Each (method, status, handler)'s children, bound once (``labels`` per request costs a lock and checks)."""
 
     def observe(
@@ -100,16 +116,17 @@ class HttpMetrics:
         children = self._children.get(key)
         if children is None:  # bound at the first request of its kind, as labels() on each request would be
             children = self._children[key] = (
-                self.requests.labels(method, f"{str(status)[0]}xx", handler),
-                self.request_size.labels(handler),
-                self.response_size.labels(handler),
-                self.duration.labels(method, handler),
+                CountTally(self.requests.labels(method, f"{str(status)[0]}xx", handler)),
+                SummaryTally(self.request_size.labels(handler)),
+                SummaryTally(self.response_size.labels(handler)),
+                HistogramTally(self.duration.labels(method, handler)),
             )
+            self.tallies.keep(*children)
         requests, request_size, response_size, duration = children
         requests.inc()
         request_size.observe(request_bytes)
         response_size.observe(response_bytes)
-        self.duration_highr.observe(seconds)
+        self._highr.observe(seconds)
         duration.observe(seconds)
 
 

@@ -6,23 +6,28 @@ Label values are bounded: the model label only ever holds served names (capped, 
 bound once and cached (:class:`SeriesSet`). The per-token path takes no lock and calls nothing of
 prometheus_client: a request's output tokens and inter-token gaps go to its own :class:`StreamTally` (plain
 numbers), which :class:`Tallies` folds into the shared children when the request finishes and before every collect
-of the two series, so every scrape sees every token delivered before it (:class:`FoldingCounter`,
-:class:`FoldingHistogram`).
+of the two series, so every scrape sees every token delivered before it (``tallies.FoldingCounter``,
+``tallies.FoldingHistogram``). What a request adds when it is admitted and when it ends goes to its series set's
+tallies the same way (``tallies.CountTally``, ``tallies.HistogramTally``), folded before every collect.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import Metric
-from prometheus_client.samples import Exemplar
 
 from exporters.serving.errors import REJECT_REASONS
+from exporters.serving.tallies import (
+    CountTally,
+    FoldingCounter,
+    FoldingGauge,
+    FoldingHistogram,
+    HistogramTally,
+    SummaryTally,
+)
 from loadlens.contracts import buckets
 from loadlens.contracts.slo import SLOConfig
 
@@ -72,108 +77,6 @@ class SeriesSet:
     lora_delayed: Counter
     ok: CountTally | None = None
     """``loadlens_requests{code="200"}`` of this model and class, once a request of this set succeeded."""
-
-
-class FoldingCounter(Counter):
-    """A Counter whose ``collect`` first runs ``before_collect`` (set on the parent): the per-token tallies of
-    requests in flight are folded into its children before anything reads them. Children are of this class
-    too (prometheus_client makes them with ``self.__class__``) and leave ``before_collect`` unset."""
-
-    before_collect: Callable[[], None] | None = None
-
-    def collect(self) -> Iterable[Metric]:
-        if self.before_collect is not None:
-            self.before_collect()
-        return super().collect()
-
-
-class FoldingHistogram(Histogram):
-    """:class:`FoldingCounter`'s ``before_collect`` for a Histogram."""
-
-    before_collect: Callable[[], None] | None = None
-
-    def collect(self) -> Iterable[Metric]:
-        if self.before_collect is not None:
-            self.before_collect()
-        return super().collect()
-
-
-class FoldingGauge(Gauge):
-    """:class:`FoldingCounter`'s ``before_collect`` for a Gauge."""
-
-    before_collect: Callable[[], None] | None = None
-
-    def collect(self) -> Iterable[Metric]:
-        if self.before_collect is not None:
-            self.before_collect()
-        return super().collect()
-
-
-class CountTally:
-    """A counter's or gauge's child, its ``inc``/``dec`` kept as a plain number until :class:`Tallies` folds
-    the difference into the child (one ``inc``, before every collect). Written only by the event loop's
-    thread, without a lock; a fold from another thread reads the number once and adds what it has not added
-    (integers, exact in a float: the child's value is the one the calls would have left)."""
-
-    __slots__ = ("_child", "_folded", "value")
-
-    def __init__(self, child: Counter | Gauge) -> None:
-        self._child = child
-        self.value: float = 0
-        self._folded: float = 0
-
-    def inc(self, amount: float = 1) -> None:
-        self.value += amount
-
-    def dec(self, amount: float = 1) -> None:
-        """For a gauge's child only."""
-        self.value -= amount
-
-    def fold(self) -> None:
-        value = self.value
-        if value != self._folded:
-            self._child.inc(value - self._folded)
-            self._folded = value
-
-
-class HistogramTally:
-    """A histogram's child whose ``observe`` adds to the child's sum at once, as ``Histogram.observe`` does (the
-    same additions, in the same order: the same sum), and counts the bucket (found by bisection, as observe's
-    scan finds it for a finite amount) and keeps its exemplar (made as observe makes it, with the time of the
-    observation) as plain numbers, until :class:`Tallies` folds them into the child's buckets before every
-    collect. Written only by the event loop's thread; counts only grow, so a fold in another thread misses
-    nothing. The exemplars are always valid (a trace id: 32 characters); observe would check them."""
-
-    __slots__ = ("_bounds", "_buckets", "_folded", "_set", "_sum", "counts", "exemplars")
-
-    def __init__(self, child: Histogram) -> None:
-        self._bounds: tuple[float, ...] = tuple(child._upper_bounds)
-        self._buckets = child._buckets
-        self._sum = child._sum
-        n = len(self._bounds)
-        self.counts = [0] * n
-        self._folded = [0] * n
-        self.exemplars: list[Exemplar | None] = [None] * n
-        self._set: list[Exemplar | None] = [None] * n
-
-    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        """``Histogram.observe(amount, exemplar)`` for a finite amount."""
-        self._sum.inc(amount)
-        i = bisect_left(self._bounds, amount)
-        self.counts[i] += 1
-        if exemplar:
-            self.exemplars[i] = Exemplar(exemplar, amount, time.time())
-
-    def fold(self) -> None:
-        folded, kept, buckets = self._folded, self._set, self._buckets
-        for i, count in enumerate(self.counts):
-            if count != folded[i]:
-                buckets[i].inc(count - folded[i])
-                folded[i] = count
-            exemplar = self.exemplars[i]
-            if exemplar is not kept[i]:
-                buckets[i].set_exemplar(exemplar)
-                kept[i] = exemplar
 
 
 class StreamTally:
@@ -236,10 +139,10 @@ class Tallies:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: set[StreamTally] = set()
-        self._kept: list[CountTally | HistogramTally] = []
+        self._kept: list[CountTally | HistogramTally | SummaryTally] = []
         """The series sets' tallies: folded before every collect, for as long as the metrics live."""
 
-    def keep(self, *tallies: CountTally | HistogramTally) -> None:
+    def keep(self, *tallies: CountTally | HistogramTally | SummaryTally) -> None:
         with self._lock:
             self._kept.extend(tallies)
 

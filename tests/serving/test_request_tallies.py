@@ -1,4 +1,4 @@
-"""The per-request tallies (exporters/serving/metrics.py ``CountTally``, ``HistogramTally``): what a request adds
+"""The per-request tallies (exporters/serving/tallies.py ``CountTally``, ``HistogramTally``): what a request adds
 at admission and at its end leaves every series as ``inc``, ``dec`` and ``observe`` of prometheus_client would,
 exemplars included: the same exposition, byte for byte, at every scrape."""
 
@@ -9,13 +9,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from exporters.serving.engine import RequestTiming
+from exporters.serving.http_metrics import HttpMetrics
 from exporters.serving.lifecycle import RequestLifecycle
-from exporters.serving.metrics import CountTally, HistogramTally, ServingMetrics, Tallies
+from exporters.serving.metrics import ServingMetrics, Tallies
 from exporters.serving.request_log import RequestLogger
+from exporters.serving.tallies import CountTally, FoldingSummary, HistogramTally, SummaryTally
 from loadlens.contracts.slo import load_slos
 
 BOUNDS = (0.01, 0.1, 1.0, 80.0)
@@ -163,3 +165,43 @@ def test_finished_requests_are_counted_through_the_tallies(monkeypatch: pytest.M
     exposition = generate_openmetrics(registry)
     # The last success's trace id is its buckets' exemplar in ttft, tpot and duration (the last in each bucket)
     assert exposition.count(f'# {{trace_id="{lives[1].trace_id}"}}'.encode()) == 3
+
+
+def test_a_summary_tally_exposes_what_observe_does() -> None:
+    ours, reference = CollectorRegistry(), CollectorRegistry()
+    tallies = Tallies()
+    folded = FoldingSummary("s_bytes", "s", ["k"], registry=ours)
+    folded.before_collect = tallies.fold
+    plain = Summary("s_bytes", "s", ["k"], registry=reference).labels("a")
+    tally = SummaryTally(folded.labels("a"))
+    tallies.keep(tally)
+    for amount in [0, 512, 0.1, 0.2, 1e9, 3]:
+        tally.observe(amount)
+        plain.observe(amount)
+        assert _lines(ours) == _lines(reference)
+    assert b's_bytes_count{k="a"} 6.0' in b"\n".join(_lines(ours))
+    assert ours.get_sample_value("s_bytes_sum", {"k": "a"}) == reference.get_sample_value("s_bytes_sum", {"k": "a"})
+
+
+def test_http_metrics_expose_what_plain_inc_and_observe_do() -> None:
+    """HttpMetrics.observe through its tallies against the same calls on its series' plain children."""
+    ours, reference = CollectorRegistry(), CollectorRegistry()
+    metrics, plain = HttpMetrics(ours), HttpMetrics(reference)
+    calls = [
+        ("POST", 200, "/v1/completions", 0.004, 600, 0),
+        ("POST", 200, "/v1/completions", 0.5, 610, 0),
+        ("POST", 400, "/v1/completions", 0.001, 12, 90),
+        ("GET", 200, "/v1/models", 61.0, 0, 321),
+        ("POST", 200, "/v1/chat/completions", 0.1, 800, 0),
+    ]
+    for method, status, handler, seconds, request_bytes, response_bytes in calls:
+        metrics.observe(method, status, handler, seconds, request_bytes, response_bytes)
+        plain.requests.labels(method, f"{str(status)[0]}xx", handler).inc()
+        plain.request_size.labels(handler).observe(request_bytes)
+        plain.response_size.labels(handler).observe(response_bytes)
+        plain.duration_highr.observe(seconds)
+        plain.duration.labels(method, handler).observe(seconds)
+        assert _lines(ours) == _lines(reference)
+    assert ours.get_sample_value("http_requests_total", {"method": "POST", "status": "2xx",
+                                                         "handler": "/v1/completions"}) == 2.0  # fmt: skip
+    assert ours.get_sample_value("http_request_duration_highr_seconds_count") == 5.0
