@@ -8,6 +8,7 @@ import sys
 MODULES = (
     "benchmarks.serving",
     "benchmarks.proxy_path",
+    "benchmarks.proxy_request",
     "benchmarks.sim_engine",
     "benchmarks.gpu_exporter",
     "benchmarks.gpu_scrape",
