@@ -65,7 +65,7 @@ UNTEMPLATED = "none"
 
 class HttpMetrics:
     """The five series, on the registry given. A request's observations go to plain-number tallies of the
-    children (exporters/serving/metrics.py), folded in before every collect of the five."""
+    children (exporters/serving/tallies.py), folded in before every collect of the five."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.tallies = Tallies()
