@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
-from exporters.serving.calibrate.client_overhead import ClientOverhead, fit_client_overhead
+from exporters.serving.calibrate.client_overhead import ClientOverhead, Line, fit_client_overhead
 from exporters.serving.calibrate.fit import PARAMS, FitResult, fit
 from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend_replayed
 from exporters.serving.calibrate.kv import kv_decision
@@ -141,19 +141,31 @@ def _print_params(names: tuple[str, ...], result: FitResult | FrontendFit, width
             print(f"  {p:<{width}} {result.values[p]:.4g} {unit} ± {result.stderr[p]:.2g}")
 
 
+def _line(line: Line | None) -> dict[str, object] | None:
+    if line is None:
+        return None
+    values = {name: v for name, (_, v) in line.points.items()}
+    return {"fixed_s": line.fixed_s, "per_user_s": line.per_user_s, "model": line.note, "per_stage_s": values}
+
+
 def print_fit(result: FitResult, overhead: ClientOverhead | None, frontend: FrontendFit) -> None:
     print("\nstep-time parameters (modeled seconds):")
     _print_params(PARAMS, result)
     print("\nfrontend parameters (API-server time outside the engine core, seconds):")
     _print_params(FRONTEND_PARAMS, frontend, 22)
     print(f"  (frontend_fixed_s: {SPLIT})")
-    print("\nclient overhead (client mean E2E − vLLM mean E2E, before each replayed request; not in the profile):")
+    print("\nclient overhead (the time a user spends outside vLLM; the replay adds it; not in the profile):")
     if overhead is None:
-        print("  none: no fitted stage has both means (0 used)")
+        print("  none: no fitted stage has both E2E means (0 used)")
     else:
-        print(f"  {overhead.note}")
-        gaps = ", ".join(f"{name} {gap * 1000:.1f}" for name, (_, gap) in overhead.gaps.items())
-        print(f"  per stage, ms: {gaps}")
+        parts = [("outside", "client mean E2E − vLLM mean E2E", overhead.outside),
+                 ("turnaround", "users × duration / completed − client mean E2E", overhead.turnaround)]  # fmt: skip
+        for label, what, line in parts:
+            if line is None:
+                print(f"  {label} ({what}): none (0 used)")
+                continue
+            values = ", ".join(f"{name} {v * 1000:.1f}" for name, (_, v) in line.points.items())
+            print(f"  {label} ({what}): {line.note}; per stage, ms: {values}")
     print("\nfit rows (server means, ms): stage, observable, observed, fitted, residual")
     for stage, obs, y, f in result.rows:
         print(f"  {stage:<14} {obs:<13} {y * 1000:9.3f} {f * 1000:9.3f} {(f - y) / y * 100:+7.1f}%")
@@ -216,8 +228,12 @@ def run(args: argparse.Namespace) -> int:
     result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say)
     overhead = fit_client_overhead(fit_stages, args.constant_client_overhead)
 
-    def outside(s: Stage) -> float:
-        return overhead.at(s.users) if overhead is not None else 0.0
+    def outside(s: Stage) -> tuple[float, float]:
+        """The stage's client overhead and turnaround for the replay (client_overhead.py)."""
+        if overhead is None:
+            return 0.0, 0.0
+        turn = overhead.turnaround.at(s.users) if overhead.turnaround is not None else 0.0
+        return overhead.outside.at(s.users), turn
 
     kv = kv_decision(stages)  # the server's configuration, the same in held-out stages
     name = args.name or args.profile.stem
@@ -244,13 +260,8 @@ def run(args: argparse.Namespace) -> int:
         "stderr": {**result.stderr, **frontend.stderr},
         "not_identified": {**result.not_identified, **frontend.not_identified},
         "frontend_split": SPLIT,
-        "client_overhead_s": overhead.mean_s if overhead else None,
-        "client_overhead": {
-            "fixed_s": overhead.fixed_s,
-            "per_user_s": overhead.per_user_s,
-            "model": overhead.note,
-            "gaps_s": {name: gap for name, (_, gap) in overhead.gaps.items()},
-        }
+        "client_overhead_s": overhead.outside.mean_s if overhead else None,
+        "client_overhead": {"outside": _line(overhead.outside), "turnaround": _line(overhead.turnaround)}
         if overhead
         else None,
         "kv_capacity": {
@@ -270,7 +281,8 @@ def run(args: argparse.Namespace) -> int:
         rows: list[dict[str, object]] = []
         for i, s in enumerate(stages, 1):
             _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({s.duration_s:.0f} s modeled)")
-            sim = replay(model, gpu, stage_load(s), client_overhead_s=outside(s)).figures
+            gap, turn = outside(s)
+            sim = replay(model, gpu, stage_load(s), client_overhead_s=gap, turnaround_s=turn).figures
             real = {**s.figures, **s.server_figures()}
             rows.append({"stage": s.name, "set": "held-out" if s.name in args.hold_out else "fit",
                          "real": real, "sim": sim, "error": errors(real, sim)})  # fmt: skip

@@ -1,11 +1,18 @@
-"""The time a request spends outside vLLM's own measure, as ``loadlens calibrate`` models it for its replay
-(docs/calibration.md, *Client overhead*): per stage, the client's mean E2E minus vLLM's mean E2E (HTTP, the
-API server before its arrival stamp, delivery to the client, the client's turnaround), fitted as
-``fixed + per_user × users`` over the fitted stages, because on a host whose client and API server share
-cores it grows with the streams they handle (6 ms at one user, 120 ms at eight on the 2-core rig). Where the
-data cannot tell a growth (fewer than three stages, one number of users, a slope not above its standard error
-or below zero), or ``--constant-client-overhead`` asks, it is one constant, the mean. It is not in the profile:
-the sim has no field for it and ``loadlens serve`` has an HTTP layer of its own.
+"""The time a closed-loop user spends outside vLLM's own measure, as ``loadlens calibrate`` models it for its
+replay (docs/calibration.md, *Client overhead*), in two parts, per stage:
+
+- **outside**: the client's mean E2E minus vLLM's mean E2E (HTTP, the API server before its arrival stamp,
+  delivery to the client): inside the client's TTFT and E2E;
+- **turnaround**: the user's cycle (``users × duration / completed``, Little's law for a closed loop) minus the
+  client's mean E2E: the load generator's own time between one answer and the next request, in no latency
+  the client reports but in every request's cycle, so in the server's concurrency and throughput.
+
+Each is fitted as ``fixed + per_user × users`` over the fitted stages, because on a host whose load generator
+and API server share cores both grow with the streams they handle (on the 2-core rig: outside 3 to 110 ms,
+turnaround 0 to 83 ms, from one user to eight). Where the data cannot tell a growth (fewer than three stages,
+one number of users, a slope not above zero or not above its standard error), or ``--constant-client-overhead``
+asks, a part is one constant, its mean. Neither is in the profile: the sim has no field for them and
+``loadlens serve`` has an HTTP layer of its own.
 """
 
 from __future__ import annotations
@@ -19,22 +26,30 @@ from exporters.serving.calibrate.observations import Stage
 
 
 @dataclass(frozen=True, slots=True)
-class ClientOverhead:
+class Line:
     fixed_s: float
     per_user_s: float
-    """0 where the model is a constant."""
+    """0 where the part is a constant."""
     note: str
     """How it was modeled, and why a constant where it is one."""
-    gaps: dict[str, tuple[int, float]]
-    """Stage -> (users, the client's mean E2E minus vLLM's, seconds)."""
+    points: dict[str, tuple[int, float]]
+    """Stage -> (users, the part's value, seconds)."""
 
     @property
     def mean_s(self) -> float:
-        return sum(g for _, g in self.gaps.values()) / len(self.gaps)
+        return sum(v for _, v in self.points.values()) / len(self.points)
 
     def at(self, users: int) -> float:
-        """The overhead the replay adds before each request of a stage of ``users`` (never below 0)."""
+        """The part for a stage of ``users`` (never below 0)."""
         return max(0.0, self.fixed_s + self.per_user_s * users)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOverhead:
+    outside: Line
+    """Added before each replayed request's arrival, inside its client TTFT and E2E."""
+    turnaround: Line | None
+    """Waited after each replayed answer before the user's next request; None without the stages' counts."""
 
 
 def stage_gap(stage: Stage) -> float | None:
@@ -44,22 +59,29 @@ def stage_gap(stage: Stage) -> float | None:
     return client / 1000 - server if server is not None and client else None
 
 
-def fit_client_overhead(stages: Sequence[Stage], constant: bool = False) -> ClientOverhead | None:
-    """The model over ``stages`` (the fitted ones); None where no stage has both means."""
-    gaps = {s.name: (s.users, g) for s in stages if (g := stage_gap(s)) is not None}
-    if not gaps:
+def stage_turnaround(stage: Stage) -> float | None:
+    """The closed loop's cycle per user minus the client's mean E2E, seconds; None without both."""
+    client = stage.figures.get("mean_e2el_ms")
+    if not client or stage.completed <= 0 or stage.duration_s <= 0:
         return None
-    users = np.array([u for u, _ in gaps.values()], dtype=float)
-    y = np.array([g for _, g in gaps.values()])
+    return stage.users * stage.duration_s / stage.completed - client / 1000
+
+
+def fit_line(points: dict[str, tuple[int, float]], constant: bool = False) -> Line | None:
+    """``fixed + per_user × users`` by least squares, or the mean with the reason; None without points."""
+    if not points:
+        return None
+    users = np.array([u for u, _ in points.values()], dtype=float)
+    y = np.array([v for _, v in points.values()])
     mean = float(y.mean())
 
-    def flat(why: str) -> ClientOverhead:
-        return ClientOverhead(mean, 0.0, f"constant, the mean over the fitted stages: {why}", gaps)
+    def flat(why: str) -> Line:
+        return Line(mean, 0.0, f"constant, the mean over the fitted stages: {why}", points)
 
     if constant:
         return flat("--constant-client-overhead")
-    if len(gaps) < 3 or len(set(users.tolist())) < 2:
-        return flat(f"{len(gaps)} stages, {len(set(users.tolist()))} numbers of users (a growth needs 3 and 2)")
+    if len(points) < 3 or len(set(users.tolist())) < 2:
+        return flat(f"{len(points)} stages, {len(set(users.tolist()))} numbers of users (a growth needs 3 and 2)")
     x = np.column_stack([np.ones_like(users), users])
     (fixed, slope), *_ = np.linalg.lstsq(x, y, rcond=None)
     resid = y - x @ np.array([fixed, slope])
@@ -70,4 +92,13 @@ def fit_client_overhead(stages: Sequence[Stage], constant: bool = False) -> Clie
     if se > slope:
         return flat(f"its growth with users not determined ({slope * 1000:.3g} ± {se * 1000:.3g} ms per user)")
     note = f"{fixed * 1000:.3g} ms + {slope * 1000:.3g} ms per user (± {se * 1000:.2g}), fitted over the stages"
-    return ClientOverhead(float(fixed), float(slope), note, gaps)
+    return Line(float(fixed), float(slope), note, points)
+
+
+def fit_client_overhead(stages: Sequence[Stage], constant: bool = False) -> ClientOverhead | None:
+    """Both parts over ``stages`` (the fitted ones); None where no stage has both E2E means."""
+    outside = fit_line({s.name: (s.users, g) for s in stages if (g := stage_gap(s)) is not None}, constant)
+    if outside is None:
+        return None
+    turns = {s.name: (s.users, t) for s in stages if (t := stage_turnaround(s)) is not None}
+    return ClientOverhead(outside, fit_line(turns, constant))

@@ -113,7 +113,7 @@ def fit_frontend_replayed(
     stages: Sequence[Stage],
     fixed: Sequence[str] = (),
     say: Callable[[str], None] = lambda _: None,
-    client_overhead_s: Callable[[Stage], float] = lambda _: 0.0,
+    client_overhead_s: Callable[[Stage], tuple[float, float]] = lambda _: (0.0, 0.0),
 ) -> FrontendFit:
     """The frontend fit over the sim's own queue means. vLLM stamps a request queued when its engine core's
     loop takes it in, between steps, so the wait of a request that arrives during a step is in vLLM's gap,
@@ -128,7 +128,8 @@ def fit_frontend_replayed(
         queues: dict[str, float] = {}
         for s in stages:
             say(f"calibrate: frontend round {rnd}: replaying {s.name} for the sim's queue")
-            figures = replay(model, current, stage_load(s), client_overhead_s=client_overhead_s(s)).figures
+            outside, turnaround = client_overhead_s(s)
+            figures = replay(model, current, stage_load(s), client_overhead_s=outside, turnaround_s=turnaround).figures
             queue_ms = figures.get("server_mean_queue_ms")
             if queue_ms is not None:
                 queues[s.name] = queue_ms / 1000

@@ -8,14 +8,17 @@ The figures have the sweep's names: client-side TTFT, ITL (a step carrying k tok
 samples of g/k, as loadgen counts them), E2E (medians and P99s, ms), output throughput (tokens/s over the
 measured window); and the server's figures from the sim's own ``vllm:`` series over the window, computed as
 calibrate computes them from the real server's (observations.server_figures: histogram means, output tokens
-per second, Little's law's mean running requests). ``client_overhead_s`` is added to every request's TTFT and E2E,
-and to the think time between a user's requests (the time outside the engine that the real client saw).
+per second, Little's law's mean running requests). ``client_overhead_s`` is waited between a request's sending
+and its arrival at the engine, so it is in the request's client TTFT and E2E (the time outside vLLM that the
+real client saw); ``turnaround_s`` is waited after each answer before the user's next request, in no latency
+but in the cycle (calibrate/client_overhead.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import random
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -80,7 +83,12 @@ class Replayed:
 
 
 async def _replay(
-    model: ModelProfile, gpu: GPUProfile, load: StageLoad, knobs: dict[str, object], overhead_s: float
+    model: ModelProfile,
+    gpu: GPUProfile,
+    load: StageLoad,
+    knobs: dict[str, object],
+    overhead_s: float,
+    turnaround_s: float,
 ) -> Replayed:
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
@@ -94,6 +102,10 @@ async def _replay(
     e2e: list[float] = []
     tokens_in_window = 0
     counter = 0
+    rng = random.Random(0)
+
+    def draw(mean: float) -> float:
+        return rng.expovariate(1 / mean) if mean > 0 else 0.0
 
     async def user(uid: int) -> None:
         nonlocal tokens_in_window, counter
@@ -102,7 +114,7 @@ async def _replay(
             counter += 1
             rid = counter
             sent = loop.time()
-            await asyncio.sleep(overhead_s)  # the time outside the engine, before arrival
+            await asyncio.sleep(draw(overhead_s))  # the time outside the engine, before arrival
             req = GenerationRequest(
                 request_id=f"r{rid}", endpoint="completions", model="tiny-replay",
                 prompt=prompt_text(load.prompt, rid), image_count=0,
@@ -122,12 +134,11 @@ async def _replay(
                 elif last is not None and event.new_tokens:
                     gaps += [(now - last) / event.new_tokens] * event.new_tokens
                 last = now
-            if first is None or last is None:
-                continue
-            if sent >= t0 and last <= t1:
+            if first is not None and last is not None and sent >= t0 and last <= t1:
                 ttft.append(first - sent)
                 e2e.append(last - sent)
                 itl.extend(gaps)
+            await asyncio.sleep(draw(turnaround_s))  # the user's own time before its next request
 
     users = [asyncio.create_task(user(i)) for i in range(load.users)]
     await asyncio.sleep(max(0.0, t0 - loop.time()))
@@ -164,7 +175,8 @@ def replay(
     load: StageLoad,
     knobs: dict[str, object] | None = None,
     client_overhead_s: float = 0.0,
+    turnaround_s: float = 0.0,
 ) -> Replayed:
     """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop)."""
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(_replay(model, gpu, load, dict(knobs or {}), client_overhead_s))
+        return runner.run(_replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s))
