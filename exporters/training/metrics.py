@@ -102,6 +102,9 @@ class MetricsServer:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     body, content_type = render(registry, self.headers.get("Accept"))
+                    # Counted once the body is rendered (the scraper's view is fixed from here) and before it
+                    # is sent, so a client that has read the body always finds its scrape counted.
+                    server._count_scrape()
                 elif path == "/health":
                     body, content_type = b'{"status":"ok"}', "application/json"
                 else:
@@ -112,8 +115,6 @@ class MetricsServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                if path == "/metrics":
-                    server._count_scrape()
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # a scrape per second would flood the training log
@@ -132,12 +133,12 @@ class MetricsServer:
 
     @property
     def scrapes(self) -> int:
-        """``/metrics`` responses served so far."""
+        """``/metrics`` bodies rendered so far (each counted just before it is sent)."""
         with self._scraped:
             return self._scrapes
 
     def wait_for_scrape(self, timeout_s: float) -> bool:
-        """Block until ``/metrics`` has been served once more after this call (True), or ``timeout_s`` passed
+        """Block until a ``/metrics`` body has been rendered once more after this call (True), or ``timeout_s`` passed
         (False): what a run of a few seconds waits for, so that a scraper sees its series before and after."""
         with self._scraped:
             seen = self._scrapes
