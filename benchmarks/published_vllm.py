@@ -65,52 +65,152 @@ def _throughput_ratio(replays: Replays) -> float | None:
     return None if not one or eight is None else eight / one
 
 
-PUBLISHED: tuple[Published, ...] = (
-    Published(
-        source="https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on",
-        title="vLLM throughput-latency sweep on NVIDIA A100",
-        model="meta-llama/Llama-3.1-8B-Instruct, BF16",
-        model_profile="deepseek-r1-distill-llama-8b",
-        gpu="NVIDIA A100 40GB (one GPU, no tensor parallelism)",
-        gpu_profile="a100-40gb-pcie",
-        vllm="0.23.0, default scheduling",
-        load=(
-            "vllm bench serve, random dataset, 1,024-token prompts, 128 output tokens with --ignore-eos,"
-            " --max-concurrency C (1 to 64, doubling), 20*C prompts, --request-rate inf"
-        ),
-        prompt_tokens=1024,
-        output_tokens=128,
-        concurrencies=(1, 8),
-        figures=(
-            Figure(
-                name="decode tokens/s of one request at C=1",
-                published=75.0,
-                how=(
-                    "the page: 'decode at one request per time runs at about 75 tokens/sec'; the sim: 1000 / its"
-                    " median inter-token latency (ms) at 1 user"
-                ),
-                sim=_decode_rate,
+def _at(users: int, key: str) -> Callable[[Replays], float | None]:
+    """The replay's own figure ``key`` at ``users`` closed-loop users, as it is."""
+
+    def figure(replays: Replays) -> float | None:
+        return replays[users].get(key)
+
+    return figure
+
+
+MUSGRAVE_A100 = Published(
+    source="https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on",
+    title="vLLM throughput-latency sweep on NVIDIA A100",
+    model="meta-llama/Llama-3.1-8B-Instruct, BF16",
+    model_profile="deepseek-r1-distill-llama-8b",
+    gpu="NVIDIA A100 40GB (one GPU, no tensor parallelism)",
+    gpu_profile="a100-40gb-pcie",
+    vllm="0.23.0, default scheduling",
+    load=(
+        "vllm bench serve, random dataset, 1,024-token prompts, 128 output tokens with --ignore-eos,"
+        " --max-concurrency C (1 to 64, doubling), 20*C prompts, --request-rate inf"
+    ),
+    prompt_tokens=1024,
+    output_tokens=128,
+    concurrencies=(1, 8),
+    figures=(
+        Figure(
+            name="decode tokens/s of one request at C=1",
+            published=75.0,
+            how=(
+                "the page: 'decode at one request per time runs at about 75 tokens/sec'; the sim: 1000 / its"
+                " median inter-token latency (ms) at 1 user"
             ),
-            Figure(
-                name="output throughput at C=8 over C=1",
-                published=6.6,
-                how=(
-                    "the page: 'batching buys throughput almost for free up to a concurrency of 8, a 6.6x gain';"
-                    " the sim: its output tokens/s at 8 users over its output tokens/s at 1 user"
-                ),
-                sim=_throughput_ratio,
-            ),
+            sim=_decode_rate,
         ),
-        note=(
-            "The stored copy of the page holds its setup, method and summary, not its per-concurrency table, so"
-            " only the two figures its summary states are compared. Llama-3.1-8B and DeepSeek-R1-Distill-Llama-8B"
-            " have the same shape (LlamaForCausalLM: 32 layers, hidden 4096, 8 KV heads, intermediate 14336,"
-            " vocabulary 128256). The page names an A100 40GB without its form factor; the packaged 40 GB profile"
-            " is the PCIe card (the same 1,555 GB/s and 312 TFLOP/s dense BF16 as the 40 GB SXM4, a lower power"
-            " cap)."
+        Figure(
+            name="output throughput at C=8 over C=1",
+            published=6.6,
+            how=(
+                "the page: 'batching buys throughput almost for free up to a concurrency of 8, a 6.6x gain';"
+                " the sim: its output tokens/s at 8 users over its output tokens/s at 1 user"
+            ),
+            sim=_throughput_ratio,
         ),
     ),
+    note=(
+        "The stored copy of the page holds its setup, method and summary, not its per-concurrency table, so"
+        " only the two figures its summary states are compared. Llama-3.1-8B and DeepSeek-R1-Distill-Llama-8B"
+        " have the same shape (LlamaForCausalLM: 32 layers, hidden 4096, 8 KV heads, intermediate 14336,"
+        " vocabulary 128256). The page names an A100 40GB without its form factor; the packaged 40 GB profile"
+        " is the PCIe card (the same 1,555 GB/s and 312 TFLOP/s dense BF16 as the 40 GB SXM4, a lower power"
+        " cap)."
+    ),
 )
+
+VLLM_CI_H200 = Published(
+    source="https://buildkite.com/vllm/performance-benchmark/builds/9515",
+    title="vLLM performance benchmark (Buildkite vllm/performance-benchmark, build 9515), latency tests",
+    model="llama-3.1 8B (test latency_llama8B_tp1; the page names no precision)",
+    model_profile="deepseek-r1-distill-llama-8b",
+    gpu="NVIDIA H200 (the table's GPU column; tensor parallelism 1)",
+    gpu_profile="h200",
+    vllm="not stated: the page is a build of vLLM's own CI pipeline and its stored text names no version or commit",
+    load=(
+        "vLLM's latency test: one batch of 8 requests (fixed batch size 8), 32-token prompts, 128 output"
+        " tokens; mean, median and P99 of the batch's end-to-end latency over the test's iterations"
+    ),
+    prompt_tokens=32,
+    output_tokens=128,
+    concurrencies=(8,),
+    figures=(
+        Figure(
+            name="end-to-end latency of a batch of 8 (ms)",
+            published=833.53,
+            how=(
+                "the page: latency_llama8B_tp1 on H200, median latency 833.53 ms (mean 833.421, P99 834.167):"
+                " the time one batch of 8 requests of 32 prompt and 128 output tokens takes, offline (no HTTP);"
+                " the sim: its median E2E at 8 closed-loop users sending the same requests (the 8 stay in step,"
+                " so one request's E2E is the batch's)"
+            ),
+            sim=_at(8, "median_e2el_ms"),
+        ),
+    ),
+    note=(
+        "Only the latency table states its lengths: the page's throughput and serving tables sample ShareGPT"
+        " prompts, whose lengths it does not state, so they are not compared. The page does not state the vLLM"
+        " version. Llama-3.1-8B's shape is the packaged deepseek-r1-distill-llama-8b's (LlamaForCausalLM, 32"
+        " layers, hidden 4096, 8 KV heads). The packaged h200 profile is the 141 GB SXM card; the page says"
+        " H200 only."
+    ),
+)
+
+GPUSTACK_QWEN3_H100 = Published(
+    source="https://github.com/gpustack/gpustack/blob/main/docs/performance-lab/qwen3-8b/h100-latency.md",
+    title="GPUStack performance lab: Optimizing Qwen3-8B Latency on NVIDIA H100 GPUs (the vLLM baseline)",
+    model="Qwen/Qwen3-8B (bf16, vllm serve Qwen/Qwen3-8B with no other flag)",
+    model_profile="qwen3-8b",
+    gpu="a single NVIDIA H100 SXM",
+    gpu_profile="h100-sxm",
+    vllm="v0.11.0",
+    load=(
+        "vllm bench serve --backend openai-chat, ShareGPT, 100 prompts, --max-concurrency 4, request rate inf;"
+        " the run states 23,260 input and 22,061 generated tokens in all, not each request's lengths"
+    ),
+    prompt_tokens=233,
+    output_tokens=221,
+    concurrencies=(4,),
+    figures=(
+        Figure(
+            name="median TTFT at 4 (ms)",
+            published=60.26,
+            how="the run's Median TTFT (ms); the sim: its median client TTFT at 4 users",
+            sim=_at(4, "median_ttft_ms"),
+        ),
+        Figure(
+            name="median ITL at 4 (ms)",
+            published=7.37,
+            how="the run's Median ITL (ms) (median TPOT 7.40); the sim: its median inter-token latency at 4 users",
+            sim=_at(4, "median_itl_ms"),
+        ),
+        Figure(
+            name="output throughput at 4 (tokens/s)",
+            published=496.88,
+            how="the run's Output token throughput (tok/s); the sim: its output tokens/s over the window",
+            sim=_at(4, "output_throughput"),
+        ),
+        Figure(
+            name="mean E2E latency at 4 (ms)",
+            published=1680.0,
+            how=(
+                "the page's summary table: vLLM baseline, ShareGPT BS=4, mean latency 1.68 s/req; the sim: its"
+                " mean E2E at 4 users"
+            ),
+            sim=_at(4, "mean_e2el_ms"),
+        ),
+    ),
+    note=(
+        "ShareGPT prompts differ in length; the page states the run's totals only, so the sim sends every"
+        " request the mean lengths, 233 prompt tokens (23,260 / 100) and 221 output tokens (22,061 / 100), with"
+        " ignore_eos. The median ITL and the throughput depend little on the spread of lengths at 4 users; the"
+        " TTFT does (a long prompt's prefill, or one landing in another's). The chat endpoint adds the chat"
+        " template's tokens to each prompt, which the bench's input count does not include. The packaged"
+        " qwen3-8b profile is Qwen/Qwen3-8B's config.json; h100-sxm is the 80 GB SXM5 card."
+    ),
+)
+
+PUBLISHED: tuple[Published, ...] = (MUSGRAVE_A100, VLLM_CI_H200, GPUSTACK_QWEN3_H100)
 
 
 def compare(published: Published, seconds: float) -> dict[str, object]:
