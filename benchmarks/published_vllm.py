@@ -1,14 +1,15 @@
-"""The packaged sim profiles beside a published vLLM benchmark (issue 25 item 5; docs/calibration.md).
+"""The packaged sim profiles beside published vLLM benchmarks (issue 25 item 5; docs/calibration.md, section 6).
 
-Run: ``python -m benchmarks.published_vllm [--quick] [--seconds S] [--json FILE]``. For each published table in
-``PUBLISHED`` it replays the table's load on the sim with the packaged profiles that stand for the table's
-model and GPU (``exporters/serving/calibrate/replay.py``: the sim engine in virtual time, closed-loop users, no
-HTTP, no client overhead), and prints each published figure beside the sim's with the error
-(sim − published) / published. Nothing is fitted to the table: the profiles are the packaged ones.
+Run: ``python -m benchmarks.published_vllm [--quick] [--seconds S] [--json FILE] [--markdown]``. For each
+published table in ``PUBLISHED`` it replays the table's load on the sim with the packaged profiles that stand
+for the table's model and GPU (``exporters/serving/calibrate/replay.py``: the sim engine in virtual time,
+closed-loop users, no HTTP, no client overhead), and prints each published figure beside the sim's with the
+error (sim − published) / published. Nothing is fitted to the tables: the profiles are the packaged ones.
+``--markdown`` prints each source's table as docs/calibration.md carries it (a test checks the docs current).
 
-What a published figure is, and how the sim's figure is computed to match it, is in ``Figure.how``. Only
-figures the source states with their load are used; a source's figures that the stored copy does not show
-are not guessed.
+What a published figure is, and how the sim's figure is computed to match it, is in ``Figure.how``; what the
+source does not state, in ``Published.note``. Only figures the source states with their load are used; a
+length or version the stored copy does not show is not guessed (``vllm`` then says so).
 """
 
 from __future__ import annotations
@@ -243,11 +244,30 @@ def compare(published: Published, seconds: float) -> dict[str, object]:
     }
 
 
+def _number(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def markdown(result: dict[str, object]) -> list[str]:
+    """One source's figures as the Markdown table docs/calibration.md (section 6) and BENCHMARKS.md carry."""
+    lines = [
+        f"**{result['title']}**: sim `{result['model_profile']}` on `{result['gpu_profile']}`",
+        "",
+        "| figure | published | sim | error |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in result["figures"]:  # type: ignore[attr-defined]
+        error = "n/a" if row["error"] is None else f"{row['error'] * 100:+.1f} %"
+        lines.append(f"| {row['figure']} | {row['published']:g} | {_number(row['sim'])} | {error} |")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--seconds", type=float, default=60.0, help="modeled seconds per replayed concurrency")
     p.add_argument("--quick", action="store_true", help="10 modeled seconds per concurrency (what make bench passes)")
     p.add_argument("--json", type=Path, help="also write the comparison here")
+    p.add_argument("--markdown", action="store_true", help="print each source's table as Markdown (the docs' form)")
     args = p.parse_args(argv)
     if args.quick:
         args.seconds = 10.0
@@ -255,14 +275,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--seconds must be positive, got {args.seconds}")
     results = [compare(published, args.seconds) for published in PUBLISHED]
     for result in results:
+        if args.markdown:
+            print("\n".join(markdown(result)) + "\n")
+            continue
         print(f"{result['title']} ({result['source']})")
         print(f"  model {result['model']} -> sim model profile {result['model_profile']}")
         print(f"  GPU {result['gpu']} -> sim GPU profile {result['gpu_profile']}; vLLM {result['vllm']}")
         print(f"  load: {result['load']}")
         for row in result["figures"]:  # type: ignore[attr-defined]
-            sim = "n/a" if row["sim"] is None else f"{row['sim']:.2f}"
             error = "n/a" if row["error"] is None else f"{row['error'] * 100:+.1f} %"
-            print(f"  {row['figure']:<40} published {row['published']:>7.2f}  sim {sim:>7}  error {error}")
+            sim = _number(row["sim"])
+            print(f"  {row['figure']:<40} published {row['published']:>8.2f}  sim {sim:>8}  error {error}")
         print(f"  note: {result['note']}")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
