@@ -25,8 +25,22 @@ from exporters.serving.calibrate.replay import StageLoad, replay
 from loadlens.contracts.gpu_profile import load_gpu_profile
 from loadlens.contracts.model_profile import load_model_profile
 
-Replays = dict[int, dict[str, float | None]]
-"""A source's replayed figures by concurrency (closed-loop users)."""
+Replays = dict[str, dict[str, float | None]]
+"""A source's replayed figures by :attr:`Load.label`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """One replayed load: ``users`` closed-loop users, each sending ``prompt``-token requests for ``output``
+    tokens (ignore_eos), one after another."""
+
+    users: int
+    prompt: int
+    output: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.users} users, {self.prompt} in, {self.output} out"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,28 +63,42 @@ class Published:
     gpu_profile: str
     vllm: str
     load: str
-    prompt_tokens: int
-    output_tokens: int
-    concurrencies: tuple[int, ...]
+    loads: tuple[Load, ...]
     figures: tuple[Figure, ...]
     note: str
+    min_seconds: float = 0.0
+    """The least modeled seconds a load is measured for, whatever ``--seconds`` says: long enough for a whole
+    request to fit in the window (a request counts only if it starts and ends in it)."""
+
+
+A100_C1, A100_C8 = Load(1, 1024, 128), Load(8, 1024, 128)
 
 
 def _decode_rate(replays: Replays) -> float | None:
-    itl = replays[1].get("median_itl_ms")
+    itl = replays[A100_C1.label].get("median_itl_ms")
     return None if not itl else 1000.0 / itl
 
 
 def _throughput_ratio(replays: Replays) -> float | None:
-    one, eight = replays[1].get("output_throughput"), replays[8].get("output_throughput")
+    one, eight = replays[A100_C1.label].get("output_throughput"), replays[A100_C8.label].get("output_throughput")
     return None if not one or eight is None else eight / one
 
 
-def _at(users: int, key: str) -> Callable[[Replays], float | None]:
-    """The replay's own figure ``key`` at ``users`` closed-loop users, as it is."""
+def _at(load: Load, key: str) -> Callable[[Replays], float | None]:
+    """The replay's own figure ``key`` under ``load``, as it is."""
 
     def figure(replays: Replays) -> float | None:
-        return replays[users].get(key)
+        return replays[load.label].get(key)
+
+    return figure
+
+
+def _speed(load: Load) -> Callable[[Replays], float | None]:
+    """Output tokens over one request's whole time (prefill included), tokens/s: ``output / E2E``."""
+
+    def figure(replays: Replays) -> float | None:
+        e2e = replays[load.label].get("median_e2el_ms")
+        return None if not e2e else load.output / (e2e / 1000.0)
 
     return figure
 
@@ -87,9 +115,7 @@ MUSGRAVE_A100 = Published(
         "vllm bench serve, random dataset, 1,024-token prompts, 128 output tokens with --ignore-eos,"
         " --max-concurrency C (1 to 64, doubling), 20*C prompts, --request-rate inf"
     ),
-    prompt_tokens=1024,
-    output_tokens=128,
-    concurrencies=(1, 8),
+    loads=(A100_C1, A100_C8),
     figures=(
         Figure(
             name="decode tokens/s of one request at C=1",
@@ -132,9 +158,7 @@ VLLM_CI_H200 = Published(
         "vLLM's latency test: one batch of 8 requests (fixed batch size 8), 32-token prompts, 128 output"
         " tokens; mean, median and P99 of the batch's end-to-end latency over the test's iterations"
     ),
-    prompt_tokens=32,
-    output_tokens=128,
-    concurrencies=(8,),
+    loads=(Load(8, 32, 128),),
     figures=(
         Figure(
             name="end-to-end latency of a batch of 8 (ms)",
@@ -145,7 +169,7 @@ VLLM_CI_H200 = Published(
                 " the sim: its median E2E at 8 closed-loop users sending the same requests (the 8 stay in step,"
                 " so one request's E2E is the batch's)"
             ),
-            sim=_at(8, "median_e2el_ms"),
+            sim=_at(Load(8, 32, 128), "median_e2el_ms"),
         ),
     ),
     note=(
@@ -156,6 +180,8 @@ VLLM_CI_H200 = Published(
         " H200 only."
     ),
 )
+
+QWEN3_C4 = Load(4, 233, 221)
 
 GPUSTACK_QWEN3_H100 = Published(
     source="https://github.com/gpustack/gpustack/blob/main/docs/performance-lab/qwen3-8b/h100-latency.md",
@@ -169,27 +195,25 @@ GPUSTACK_QWEN3_H100 = Published(
         "vllm bench serve --backend openai-chat, ShareGPT, 100 prompts, --max-concurrency 4, request rate inf;"
         " the run states 23,260 input and 22,061 generated tokens in all, not each request's lengths"
     ),
-    prompt_tokens=233,
-    output_tokens=221,
-    concurrencies=(4,),
+    loads=(QWEN3_C4,),
     figures=(
         Figure(
             name="median TTFT at 4 (ms)",
             published=60.26,
             how="the run's Median TTFT (ms); the sim: its median client TTFT at 4 users",
-            sim=_at(4, "median_ttft_ms"),
+            sim=_at(QWEN3_C4, "median_ttft_ms"),
         ),
         Figure(
             name="median ITL at 4 (ms)",
             published=7.37,
             how="the run's Median ITL (ms) (median TPOT 7.40); the sim: its median inter-token latency at 4 users",
-            sim=_at(4, "median_itl_ms"),
+            sim=_at(QWEN3_C4, "median_itl_ms"),
         ),
         Figure(
             name="output throughput at 4 (tokens/s)",
             published=496.88,
             how="the run's Output token throughput (tok/s); the sim: its output tokens/s over the window",
-            sim=_at(4, "output_throughput"),
+            sim=_at(QWEN3_C4, "output_throughput"),
         ),
         Figure(
             name="mean E2E latency at 4 (ms)",
@@ -198,7 +222,7 @@ GPUSTACK_QWEN3_H100 = Published(
                 "the page's summary table: vLLM baseline, ShareGPT BS=4, mean latency 1.68 s/req; the sim: its"
                 " mean E2E at 4 users"
             ),
-            sim=_at(4, "mean_e2el_ms"),
+            sim=_at(QWEN3_C4, "mean_e2el_ms"),
         ),
     ),
     note=(
@@ -211,18 +235,60 @@ GPUSTACK_QWEN3_H100 = Published(
     ),
 )
 
-PUBLISHED: tuple[Published, ...] = (MUSGRAVE_A100, VLLM_CI_H200, GPUSTACK_QWEN3_H100)
+QWEN25_LOADS = tuple(Load(1, prompt, 2048) for prompt in (1, 6144, 14336, 30720))
+QWEN25_SPEEDS = (84.28, 80.70, 77.69, 70.33)
+
+QWEN25_A100 = Published(
+    source="https://github.com/QwenLM/Qwen2.5/blob/a912d239c2d0e2e5d10bb8d02e6f5685edb43e68/docs/source/benchmark/speed_benchmark.rst",
+    title="Qwen2.5 Speed Benchmark (Qwen's docs), 7B (vLLM)",
+    model="Qwen/Qwen2.5-7B-Instruct, BF16, one GPU",
+    model_profile="qwen2.5-7b",
+    gpu="NVIDIA A100 80GB (the page names no form factor)",
+    gpu_profile="a100-80gb-sxm",
+    vllm="0.6.3 (gpu_memory_utilization=0.9, max_model_len=32768, enforce_eager=False)",
+    load=(
+        "batch size 1: one request at a time generating 2,048 tokens after an input of 1, 6,144, 14,336 or"
+        " 30,720 tokens; speed in tokens/s"
+    ),
+    loads=QWEN25_LOADS,
+    figures=tuple(
+        Figure(
+            name=f"speed at input {load.prompt} (tokens/s)",
+            published=speed,
+            how=(
+                f"the table: Qwen2.5-7B-Instruct, input length {load.prompt}, BF16, 1 GPU, {speed} tokens/s; Qwen's"
+                " speed script (examples/speed-benchmark/speed_benchmark_vllm.py) divides the output length by"
+                " the time of the whole generate call, prefill included; the sim: 2048 / its median E2E (s) of"
+                " one user sending the same request"
+            ),
+            sim=_speed(load),
+        )
+        for load, speed in zip(QWEN25_LOADS, QWEN25_SPEEDS, strict=True)
+    ),
+    note=(
+        "The page gives the environment (A100 80GB, CUDA 12.1, vLLM 0.6.3, PyTorch 2.4.0) and the lengths; its"
+        " speed formula is the script's, added to the same repository twelve days after the table (the table"
+        " itself does not define it). The input lengths are the script's target lengths of a chat-templated"
+        " query; the stated input of 1 token is therefore a short prompt, not one token. The 63,488 and"
+        " 129,024 rows need YaRN past the model's 32,768 positions (and the last another vLLM version and"
+        " sampling): not compared. The packaged a100-80gb-sxm profile stands for the unnamed A100 80GB form"
+        " factor (the 80 GB PCIe card has 1,935 GB/s against the SXM4's 2,039)."
+    ),
+    min_seconds=90.0,
+)
+
+PUBLISHED: tuple[Published, ...] = (MUSGRAVE_A100, VLLM_CI_H200, GPUSTACK_QWEN3_H100, QWEN25_A100)
 
 
 def compare(published: Published, seconds: float) -> dict[str, object]:
-    """One source: the sim's replays at its concurrencies and each figure beside the published one."""
+    """One source: the sim's replays of its loads and each figure beside the published one."""
     model = load_model_profile(published.model_profile)
     gpu = load_gpu_profile(published.gpu_profile)
     replays: Replays = {}
-    for users in published.concurrencies:
-        load = StageLoad(users=users, prompt=published.prompt_tokens, output=published.output_tokens,
-                         duration_s=seconds, warmup_s=5.0)  # fmt: skip
-        replays[users] = replay(model, gpu, load).figures
+    for load in published.loads:
+        stage = StageLoad(users=load.users, prompt=load.prompt, output=load.output,
+                          duration_s=max(seconds, published.min_seconds), warmup_s=5.0)  # fmt: skip
+        replays[load.label] = replay(model, gpu, stage).figures
     rows = []
     for figure in published.figures:
         value = figure.sim(replays)
@@ -239,7 +305,7 @@ def compare(published: Published, seconds: float) -> dict[str, object]:
         "vllm": published.vllm,
         "load": published.load,
         "note": published.note,
-        "replays": {str(users): figures for users, figures in replays.items()},
+        "replays": replays,
         "figures": rows,
     }
 
@@ -264,8 +330,9 @@ def markdown(result: dict[str, object]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--seconds", type=float, default=60.0, help="modeled seconds per replayed concurrency")
-    p.add_argument("--quick", action="store_true", help="10 modeled seconds per concurrency (what make bench passes)")
+    seconds_help = "modeled seconds per load (at least a source's min_seconds)"
+    p.add_argument("--seconds", type=float, default=60.0, help=seconds_help)
+    p.add_argument("--quick", action="store_true", help="10 modeled seconds per load (what make bench passes)")
     p.add_argument("--json", type=Path, help="also write the comparison here")
     p.add_argument("--markdown", action="store_true", help="print each source's table as Markdown (the docs' form)")
     args = p.parse_args(argv)

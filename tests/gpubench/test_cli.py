@@ -93,7 +93,7 @@ def test_refuses_with_the_installed_torch_and_no_device(
         (["--graph-width", "100"],
          "loadlens gpu-bench: error: --graph-width 100: must be a multiple of 64 (head dimension 64)"),
         (["--model", "nope"], "loadlens gpu-bench: error: --model: unknown model profile 'nope' (known: "
-                              "deepseek-r1-distill-llama-8b, deepseek-vl-7b, qwen2-72b, qwen3-8b, tiny; "
+                              "deepseek-r1-distill-llama-8b, deepseek-vl-7b, qwen2-72b, qwen2.5-7b, qwen3-8b, tiny; "
                               "or pass a YAML path)"),
         (["--device", "cpu", "--gpu-profile", "h300"], "loadlens gpu-bench: error: --gpu-profile: unknown GPU "
          "profile 'h300' (known: a100-40gb-pcie, a100-80gb-sxm, h100-sxm, h200; or pass a YAML path)"),

@@ -86,7 +86,7 @@ def test_model_directory_as_path(tmp_path: Path) -> None:
         ({"target_modules": ["q_proj", "q_proj"]}, "target modules: a module is named twice: ['q_proj', 'q_proj']"),
         ({"target_modules": [1]}, "target modules must be names, got [1]"),
         ({"base": "nope"}, "unknown model profile 'nope' (known: deepseek-r1-distill-llama-8b, deepseek-vl-7b, "
-                           "qwen2-72b, qwen3-8b, tiny; or pass a YAML path)"),
+                           "qwen2-72b, qwen2.5-7b, qwen3-8b, tiny; or pass a YAML path)"),
     ],
 )  # fmt: skip
 def test_bad_input_raises_one_line_and_writes_nothing(tmp_path: Path, changes: dict[str, Any], message: str) -> None:

@@ -17,7 +17,7 @@ def test_packaged_profiles_are_listed_and_load() -> None:
     names = list_profiles()
     assert names == {
         "gpus": ["a100-40gb-pcie", "a100-80gb-sxm", "h100-sxm", "h200"],
-        "models": ["deepseek-r1-distill-llama-8b", "deepseek-vl-7b", "qwen2-72b", "qwen3-8b", "tiny"],
+        "models": ["deepseek-r1-distill-llama-8b", "deepseek-vl-7b", "qwen2-72b", "qwen2.5-7b", "qwen3-8b", "tiny"],
     }
     for name in names["gpus"]:
         gpu = load_gpu_profile(name)
@@ -33,6 +33,7 @@ def test_packaged_profiles_are_listed_and_load() -> None:
         ("deepseek-r1-distill-llama-8b", (32, 4096, 32, 8, 128, 14336, 128256)),
         ("qwen2-72b", (80, 8192, 64, 8, 128, 29568, 152064)),
         ("qwen3-8b", (36, 4096, 32, 8, 128, 12288, 151936)),
+        ("qwen2.5-7b", (28, 3584, 28, 4, 128, 18944, 152064)),
         ("deepseek-vl-7b", (30, 4096, 32, 32, 128, 11008, 102400)),
     ],
 )
