@@ -235,49 +235,62 @@ GPUSTACK_QWEN3_H100 = Published(
     ),
 )
 
-QWEN25_LOADS = tuple(Load(1, prompt, 2048) for prompt in (1, 6144, 14336, 30720))
-QWEN25_SPEEDS = (84.28, 80.70, 77.69, 70.33)
+QWEN_SPEED_LOADS = tuple(Load(1, prompt, 2048) for prompt in (1, 6144, 14336, 30720))
+QWEN_DOCS = "https://github.com/QwenLM/Qwen2.5/blob/{commit}/docs/source/benchmark/speed_benchmark.rst"
 
-QWEN25_A100 = Published(
-    source="https://github.com/QwenLM/Qwen2.5/blob/a912d239c2d0e2e5d10bb8d02e6f5685edb43e68/docs/source/benchmark/speed_benchmark.rst",
-    title="Qwen2.5 Speed Benchmark (Qwen's docs), 7B (vLLM)",
-    model="Qwen/Qwen2.5-7B-Instruct, BF16, one GPU",
-    model_profile="qwen2.5-7b",
-    gpu="NVIDIA A100 80GB (the page names no form factor)",
-    gpu_profile="a100-80gb-sxm",
-    vllm="0.6.3 (gpu_memory_utilization=0.9, max_model_len=32768, enforce_eager=False)",
-    load=(
-        "batch size 1: one request at a time generating 2,048 tokens after an input of 1, 6,144, 14,336 or"
-        " 30,720 tokens; speed in tokens/s"
-    ),
-    loads=QWEN25_LOADS,
-    figures=tuple(
-        Figure(
-            name=f"speed at input {load.prompt} (tokens/s)",
-            published=speed,
-            how=(
-                f"the table: Qwen2.5-7B-Instruct, input length {load.prompt}, BF16, 1 GPU, {speed} tokens/s; Qwen's"
-                " speed script (examples/speed-benchmark/speed_benchmark_vllm.py) divides the output length by"
-                " the time of the whole generate call, prefill included; the sim: 2048 / its median E2E (s) of"
-                " one user sending the same request"
-            ),
-            sim=_speed(load),
-        )
-        for load, speed in zip(QWEN25_LOADS, QWEN25_SPEEDS, strict=True)
-    ),
-    note=(
-        "The page gives the environment (A100 80GB, CUDA 12.1, vLLM 0.6.3, PyTorch 2.4.0) and the lengths; its"
-        " speed formula is the script's, added to the same repository twelve days after the table (the table"
-        " itself does not define it). The input lengths are the script's target lengths of a chat-templated"
-        " query; the stated input of 1 token is therefore a short prompt, not one token. The 63,488 and"
-        " 129,024 rows need YaRN past the model's 32,768 positions (and the last another vLLM version and"
-        " sampling): not compared. The packaged a100-80gb-sxm profile stands for the unnamed A100 80GB form"
-        " factor (the 80 GB PCIe card has 1,935 GB/s against the SXM4's 2,039)."
-    ),
-    min_seconds=90.0,
-)
 
-PUBLISHED: tuple[Published, ...] = (MUSGRAVE_A100, VLLM_CI_H200, GPUSTACK_QWEN3_H100, QWEN25_A100)
+def _qwen_speed(model: str, version: str, environment: str, commit: str, speeds: tuple[float, ...]) -> Published:
+    """A "7B (vLLM)" table of Qwen's speed benchmark: BF16, one A100 80GB, batch 1, 2,048 tokens out."""
+    return Published(
+        source=QWEN_DOCS.format(commit=commit),
+        title=f"{version.split()[0]} Speed Benchmark (Qwen's docs at {commit[:7]}), 7B (vLLM)",
+        model=f"Qwen/{model}, BF16, one GPU",
+        model_profile="qwen2.5-7b",
+        gpu="NVIDIA A100 80GB (the page names no form factor)",
+        gpu_profile="a100-80gb-sxm",
+        vllm=f"{version.split()[1]} (gpu_memory_utilization=0.9, max_model_len=32768, enforce_eager=False)",
+        load=(
+            "batch size 1: one request at a time generating 2,048 tokens after an input of 1, 6,144, 14,336 or"
+            " 30,720 tokens; speed in tokens/s"
+        ),
+        loads=QWEN_SPEED_LOADS,
+        figures=tuple(
+            Figure(
+                name=f"speed at input {load.prompt} (tokens/s)",
+                published=speed,
+                how=(
+                    f"the table: {model}, input length {load.prompt}, BF16, 1 GPU, {speed} tokens/s; Qwen's speed"
+                    " script (examples/speed-benchmark/speed_benchmark_vllm.py) divides the output length by the"
+                    " time of the whole generate call, prefill included; the sim: 2048 / its median E2E (s) of"
+                    " one user sending the same request"
+                ),
+                sim=_speed(load),
+            )
+            for load, speed in zip(QWEN_SPEED_LOADS, speeds, strict=True)
+        ),
+        note=(
+            f"The page gives the environment ({environment}) and the lengths, not the speed's formula: the"
+            " formula is the speed script's, added to the same repository in November 2024. The input of 1 is"
+            " the script's dummy input once (its token count is not stated); the longer inputs are chat-templated"
+            " queries padded to about the stated length. The 63,488 and 129,024 rows need YaRN past the model's"
+            " 32,768 positions: not compared. The packaged qwen2.5-7b profile is Qwen2.5-7B-Instruct's"
+            " config.json (Qwen2-7B-Instruct's has the same shape); a100-80gb-sxm stands for the unnamed A100"
+            " 80GB form factor (the 80 GB PCIe card has 1,935 GB/s against the SXM4's 2,039)."
+        ),
+        min_seconds=90.0,
+    )
+
+
+QWEN25_A100 = _qwen_speed(
+    "Qwen2.5-7B-Instruct", "Qwen2.5 0.6.3", "A100 80GB, CUDA 12.1, vLLM 0.6.3, PyTorch 2.4.0",
+    "a912d239c2d0e2e5d10bb8d02e6f5685edb43e68", (84.28, 80.70, 77.69, 70.33),
+)  # fmt: skip
+QWEN2_A100 = _qwen_speed(
+    "Qwen2-7B-Instruct", "Qwen2 0.4.2", "A100 80GB, CUDA 11.8, vLLM 0.4.2, PyTorch 2.3.0",
+    "4da996c576418cc9ecdff35aeddfcdca814e9568", (80.45, 76.41, 66.54, 55.83),
+)  # fmt: skip
+
+PUBLISHED: tuple[Published, ...] = (MUSGRAVE_A100, VLLM_CI_H200, GPUSTACK_QWEN3_H100, QWEN25_A100, QWEN2_A100)
 
 
 def compare(published: Published, seconds: float) -> dict[str, object]:
