@@ -62,10 +62,14 @@ class Published:
     gpu: str
     gpu_profile: str
     vllm: str
+    """The vLLM version (and settings) as the source states them, or ``not stated: ...``."""
     load: str
+    """The source's load, in its terms."""
     loads: tuple[Load, ...]
+    """What the sim replays for it."""
     figures: tuple[Figure, ...]
     note: str
+    """What the source does not state, and what stands in for it."""
     min_seconds: float = 0.0
     """The least modeled seconds a load is measured for, whatever ``--seconds`` says: long enough for a whole
     request to fit in the window (a request counts only if it starts and ends in it)."""
