@@ -22,7 +22,7 @@ import abc
 import enum
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 Endpoint = Literal["chat", "completions"]
 
@@ -179,6 +179,10 @@ class RequestStream(abc.ABC):
 
     request_id: str
     timing: RequestTiming
+    batched_writes: ClassVar[bool] = False
+    """Whether the events ``deliver_to`` hands over come from socket reads, one read at a time (a proxy): the
+    HTTP layer then writes their chunks at the end of the loop's pass over the ready sockets, together
+    (``direct_body.WriteBatch``), not at once. Engines that make a step's events in one callback need not."""
 
     def __aiter__(self) -> AsyncIterator[OutputEvent]:
         return self

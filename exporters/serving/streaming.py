@@ -258,7 +258,10 @@ class _Streamed:
         return body
 
     def attach(self, stream: RequestStream, direct: DirectBody) -> None:
-        """Have ``stream`` hand its events to :meth:`deliver` and :meth:`deliver_plain`, written by ``direct``."""
+        """Have ``stream`` hand its events to :meth:`deliver` and :meth:`deliver_plain`, written by ``direct``
+        (batched for a stream that makes them in socket reads: ``RequestStream.batched_writes``)."""
+        if stream.batched_writes:
+            direct = direct.batched()
         stream.deliver_to(functools.partial(self.deliver, direct), functools.partial(self.deliver_plain, direct))
 
     def deliver(self, direct: DirectBody, ev: OutputEvent) -> bool:

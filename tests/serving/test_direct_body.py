@@ -249,3 +249,109 @@ def test_the_sims_stream_hands_events_to_the_sink_only_while_its_consumer_waits(
             await consumer
 
     asyncio.run(run())
+
+
+def _framed(body: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(body), body)
+
+
+async def _started() -> tuple[RequestResponseCycle, _Transport, DirectBody]:
+    cycle, transport, scope = _cycle()
+    await cycle.send({"type": "http.response.start", "status": 200, "headers": []})
+    direct = DirectBody.of(scope)
+    assert direct is not None
+    transport.data = b""
+    return cycle, transport, direct
+
+
+def test_batched_chunks_are_written_by_the_loops_next_pass_in_order_before_what_was_queued_after() -> None:
+    async def run() -> None:
+        _, first, plain_first = await _started()
+        _, second, plain_second = await _started()
+        one, two = plain_first.batched(), plain_second.batched()
+        seen_by_later_callback: list[tuple[bytes, bytes]] = []
+        one.write(b"data: 1\n\n")
+        asyncio.get_running_loop().call_soon(lambda: seen_by_later_callback.append((first.data, second.data)))
+        two.write(b"data: 2\n\n")
+        two.write(b"")  # nothing, as unbatched
+        assert (first.data, second.data) == (b"", b"")
+        assert (one.writable(), two.writable(), plain_first.writable()) == (False, False, True)
+        await asyncio.sleep(0)
+        assert (first.data, second.data) == (_framed(b"data: 1\n\n"), _framed(b"data: 2\n\n"))
+        assert seen_by_later_callback == [(first.data, second.data)]
+        assert (one.writable(), two.writable()) == (True, True)
+        one.write(b"data: 3\n\n")  # the next pass's chunk: held again, then written after the first
+        await asyncio.sleep(0)
+        assert first.data == _framed(b"data: 1\n\n") + _framed(b"data: 3\n\n")
+
+    asyncio.run(run())
+
+
+def test_a_held_chunk_is_dropped_when_its_client_left_before_the_flush() -> None:
+    async def run() -> None:
+        cycle, transport, direct = await _started()
+        batched = direct.batched()
+        batched.write(b"data: 1\n\n")
+        cycle.disconnected = True  # uvicorn's send would drop the chunk now
+        await asyncio.sleep(0)
+        assert transport.data == b""
+        assert not batched.writable()
+
+    asyncio.run(run())
+
+
+class _Refusing(_Transport):
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("closed")
+
+
+def test_a_held_chunk_whose_write_raises_is_reported_to_the_loop_and_the_others_are_written() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        reported: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: reported.append(context))
+        cycle, _, refused = await _started()
+        cycle.transport = _Refusing()  # type: ignore[assignment]
+        _, transport, direct = await _started()
+        refused.batched().write(b"data: 1\n\n")
+        direct.batched().write(b"data: 2\n\n")
+        await asyncio.sleep(0)
+        assert transport.data == _framed(b"data: 2\n\n")
+        assert [(c["message"], str(c["exception"])) for c in reported] == [
+            ("a batched response chunk could not be written", "closed")
+        ]
+
+    asyncio.run(run())
+
+
+def test_one_write_batch_per_event_loop() -> None:
+    async def batch() -> direct_body.WriteBatch:
+        first = direct_body.WriteBatch.of_running_loop()
+        assert direct_body.WriteBatch.of_running_loop() is first
+        return first
+
+    assert asyncio.run(batch()) is not asyncio.run(batch())
+
+
+def test_only_a_stream_of_socket_reads_has_its_chunks_batched() -> None:
+    """The proxy's stream makes one read's chunk at a time (batched); the sim's makes a step's in one callback
+    (written at once). ``_Streamed.attach`` hands the sinks the writer each one gets."""
+    from exporters.serving.engines.openai.stream import ProxyStream
+
+    assert (ProxyStream.batched_writes, SimStream.batched_writes) == (True, False)
+
+    async def run(batched: bool) -> tuple[bytes, bytes]:
+        _, transport, direct = await _started()
+        stream = SimStream("r", RequestTiming(), lambda _: None)
+        stream.batched_writes = batched  # type: ignore[misc]
+        plain: list[Any] = []
+        stream.deliver_to = lambda sink, p=None: plain.append(p) or True  # type: ignore[method-assign]
+        out = streaming._Streamed(_life(), ChunkWriter("completions", "cmpl-r", "m", 0, False), sent_role=True)
+        out.attach(stream, direct)
+        assert plain[0](b"data: {}\n\n", 3, 1) is True
+        at_once = transport.data
+        await asyncio.sleep(0)
+        return at_once, transport.data
+
+    assert asyncio.run(run(False)) == (_framed(b"data: {}\n\n"), _framed(b"data: {}\n\n"))
+    assert asyncio.run(run(True)) == (b"", _framed(b"data: {}\n\n"))

@@ -36,6 +36,8 @@ _BACKLOG_BYTES = 2**16
 class ProxyStream(RequestStream):
     """One upstream SSE response, read as raw bytes, each read into one event (``frames.py``)."""
 
+    batched_writes = True  # one read's chunk at a time, from the socket callback
+
     def __init__(
         self,
         response: Response,
