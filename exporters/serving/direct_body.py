@@ -139,14 +139,22 @@ class WriteBatch:
 
     def flush(self) -> None:
         """Write every held chunk, in order; one whose client left meanwhile is dropped, as uvicorn's ``send``
-        drops it (a write that raises is reported to the loop's exception handler; the others are written)."""
+        drops it (a write that raises is reported to the loop's exception handler; the others are written).
+        One whose response was completed meanwhile is not written either (bytes after the terminating chunk
+        would corrupt the connection's next response) and is reported, as uvicorn's ``send`` raises for a
+        body message after the response's end; the order above means it never happens."""
         held, self._held = self._held, []
         for direct, data in held:
             direct._held = False
-            if not direct._cycle.disconnected:
-                try:
-                    direct._transport.write(data)
-                except Exception as exc:  # uvicorn's transport raises only once closed, after the client left
-                    self._loop.call_exception_handler(
-                        {"message": "a batched response chunk could not be written", "exception": exc}
-                    )
+            cycle = direct._cycle
+            if cycle.disconnected:
+                continue
+            if cycle.response_complete:
+                self._loop.call_exception_handler({"message": "a batched response chunk came after its response's end"})
+                continue
+            try:
+                direct._transport.write(data)
+            except Exception as exc:  # uvicorn's transport raises only once closed, after the client left
+                self._loop.call_exception_handler(
+                    {"message": "a batched response chunk could not be written", "exception": exc}
+                )

@@ -300,6 +300,22 @@ def test_a_held_chunk_is_dropped_when_its_client_left_before_the_flush() -> None
     asyncio.run(run())
 
 
+def test_a_held_chunk_is_not_written_after_its_responses_end_and_that_is_reported() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        reported: list[str] = []
+        loop.set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+        cycle, transport, direct = await _started()
+        batched = direct.batched()
+        batched.write(b"data: 1\n\n")
+        cycle.response_complete = True  # the terminating chunk went out first: nothing may follow it
+        await asyncio.sleep(0)
+        assert transport.data == b""
+        assert reported == ["a batched response chunk came after its response's end"]
+
+    asyncio.run(run())
+
+
 class _Refusing(_Transport):
     def write(self, data: bytes) -> None:
         raise RuntimeError("closed")
