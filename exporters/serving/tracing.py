@@ -54,6 +54,11 @@ class BoundedSpanProcessor(SpanProcessor):
         self._max_batch = max_batch
         self._interval = interval_s
         self._on_drop = on_drop or (lambda reason, count: None)
+        # Spans accepted into the queue and spans whose export finished (or failed), under one condition:
+        # force_flush waits on it for every span accepted before the call (the queue is FIFO).
+        self._progress = threading.Condition()
+        self._accepted = 0
+        self._handled = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="loadlens-span-export", daemon=True)
         self._thread.start()
@@ -62,9 +67,15 @@ class BoundedSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        try:
-            self._queue.put_nowait(span)
-        except queue.Full:
+        with self._progress:
+            try:
+                self._queue.put_nowait(span)
+            except queue.Full:
+                full = True
+            else:
+                full = False
+                self._accepted += 1
+        if full:
             self._on_drop(QUEUE_FULL, 1)
 
     def _drain(self) -> list[ReadableSpan]:
@@ -84,6 +95,9 @@ class BoundedSpanProcessor(SpanProcessor):
             result = SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
             self._on_drop(EXPORT_FAILED, len(batch))
+        with self._progress:
+            self._handled += len(batch)
+            self._progress.notify_all()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -101,9 +115,16 @@ class BoundedSpanProcessor(SpanProcessor):
         self._exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        while batch := self._drain():
-            self._export(batch)
-        return True
+        """Wait until every span ended before this call has been exported (or counted as failed); False if
+        that took longer than ``timeout_millis``. The export thread does the exporting, in queue order: a span
+        it has already taken off the queue is waited for, not overtaken (draining the queue here returned while
+        that span was still on its way)."""
+        if not self._thread.is_alive():  # shut down: nothing else will export what is left
+            while batch := self._drain():
+                self._export(batch)
+        with self._progress:
+            target = self._accepted
+            return self._progress.wait_for(lambda: self._handled >= target, timeout_millis / 1000)
 
 
 def _env(*names: str) -> str | None:

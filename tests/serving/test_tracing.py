@@ -89,6 +89,39 @@ def test_full_export_queue_drops_and_counts_without_blocking() -> None:
     proc.shutdown()
 
 
+class _GatedExporter(SpanExporter):
+    """Records each batch once ``gate`` opens: an exporter in the middle of a slow OTLP round trip."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.batches: list[list[object]] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        assert self.gate.wait(30)
+        self.batches.append(list(spans))
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.gate.set()
+
+
+def test_force_flush_waits_for_the_batch_the_export_thread_holds() -> None:
+    """force_flush returns once every span ended before it was exported, in order, and not before: it used to
+    drain only the queue, so a span the export thread had taken (being exported, or the thread descheduled)
+    was still missing when it returned, and the spans queued behind it were exported ahead of it."""
+    exporter = _GatedExporter()
+    proc = BoundedSpanProcessor(exporter, interval_s=0.01)
+    first, second = object(), object()
+    proc.on_end(first)  # type: ignore[arg-type]
+    proc.on_end(second)  # type: ignore[arg-type]
+    assert proc.force_flush(timeout_millis=50) is False  # nothing can have been exported: the gate is shut
+    assert exporter.batches == []
+    exporter.gate.set()
+    assert proc.force_flush() is True
+    assert [span for batch in exporter.batches for span in batch] == [first, second]
+    proc.shutdown()
+
+
 class _FailingExporter(SpanExporter):
     def __init__(self, raises: bool) -> None:
         self.raises = raises
