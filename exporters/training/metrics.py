@@ -93,7 +93,8 @@ class MetricsServer:
     """``/metrics`` and ``/health`` on ``host:port`` in a daemon thread; ``close()`` stops it."""
 
     def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._scrapes = 0
+        self._scrapes = 0  # /metrics bodies rendered
+        self._delivered = 0  # of those, written to the scraper's connection
         self._scraped = threading.Condition()
         server = self
 
@@ -115,6 +116,8 @@ class MetricsServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                if path == "/metrics":
+                    server._count_delivery()
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # a scrape per second would flood the training log
@@ -129,6 +132,10 @@ class MetricsServer:
     def _count_scrape(self) -> None:
         with self._scraped:
             self._scrapes += 1
+
+    def _count_delivery(self) -> None:
+        with self._scraped:
+            self._delivered += 1
             self._scraped.notify_all()
 
     @property
@@ -138,11 +145,13 @@ class MetricsServer:
             return self._scrapes
 
     def wait_for_scrape(self, timeout_s: float) -> bool:
-        """Block until a ``/metrics`` body has been rendered once more after this call (True), or ``timeout_s`` passed
-        (False): what a run of a few seconds waits for, so that a scraper sees its series before and after."""
+        """Block until a ``/metrics`` body rendered after this call has been written to its scraper (True), or
+        ``timeout_s`` passed (False): what a run of a few seconds waits for, so that a scraper sees its series
+        before and after. Written, not only rendered: a trainer that ends its process once its last run's scrape
+        is waited for must not take that scrape's body down with it."""
         with self._scraped:
             seen = self._scrapes
-            return self._scraped.wait_for(lambda: self._scrapes > seen, timeout=timeout_s)
+            return self._scraped.wait_for(lambda: self._delivered > seen, timeout=timeout_s)
 
     def close(self) -> None:
         self._httpd.shutdown()
