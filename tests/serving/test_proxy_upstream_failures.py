@@ -11,14 +11,12 @@ import json
 import random
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from exporters.serving.app import ServeSettings, create_app
@@ -254,39 +252,29 @@ def test_no_503_against_a_real_uvicorn_closing_idle_connections_under_concurrenc
     upstream = ScriptedEngine(ttft_s=0.002, itl_s=0.001)
     up_registry = CollectorRegistry()
     up_app = create_app(upstream, ServeSettings(), registry=up_registry, tracing=Tracing.disabled())
-    port = free_port()
     keep_alive: Any = 0.05  # typed int, used as a loop.call_later delay: a float works
-    config = uvicorn.Config(up_app, host="127.0.0.1", port=port, loop="asyncio", http="httptools",
-                            log_level="warning", access_log=False, timeout_keep_alive=keep_alive)  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
     registry = CollectorRegistry()
     users, per_user = 48, 8
     body = {"model": "scripted", "prompt": "hello", "max_tokens": 3, "stream": True}
-    try:
-        with _proxy(f"http://127.0.0.1:{port}", registry) as url:
+    # serve_app binds the port itself (a number from free_port could be taken before uvicorn binds it, and
+    # uvicorn's exit in its thread then left this test waiting for `started` until its timeout).
+    with serve_app(up_app, timeout_keep_alive=keep_alive) as up_url, _proxy(up_url, registry) as url:
 
-            async def load() -> list[int]:
-                limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
-                async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-                    rng = random.Random(7)
+        async def load() -> list[int]:
+            limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
+            async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+                rng = random.Random(7)
 
-                    async def user() -> list[int]:
-                        codes = []
-                        for _ in range(per_user):
-                            await asyncio.sleep(rng.uniform(0.03, 0.07))
-                            codes.append((await client.post(COMPLETIONS, json=body)).status_code)
-                        return codes
+                async def user() -> list[int]:
+                    codes = []
+                    for _ in range(per_user):
+                        await asyncio.sleep(rng.uniform(0.03, 0.07))
+                        codes.append((await client.post(COMPLETIONS, json=body)).status_code)
+                    return codes
 
-                    return [c for codes in await asyncio.gather(*(user() for _ in range(users))) for c in codes]
+                return [c for codes in await asyncio.gather(*(user() for _ in range(users))) for c in codes]
 
-            codes = asyncio.run(load())
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        codes = asyncio.run(load())
     assert Counter(codes) == {200: users * per_user}
     ok = {"model_name": "scripted", "priority_class": "interactive", "code": "200"}
     assert up_registry.get_sample_value("loadlens_requests_total", ok) == users * per_user  # none served twice

@@ -18,8 +18,9 @@ __all__ = ["free_port", "raw_stream", "serve_app"]
 
 
 @contextlib.contextmanager
-def serve_app(app: Any, *, timeout_s: float = 30.0) -> Iterator[str]:
-    """Yield the base URL (``http://127.0.0.1:PORT``) while the app runs; stop it on exit.
+def serve_app(app: Any, *, timeout_s: float = 30.0, **options: Any) -> Iterator[str]:
+    """Yield the base URL (``http://127.0.0.1:PORT``) while the app runs; stop it on exit. ``options``: more
+    ``uvicorn.Config`` settings (e.g. ``timeout_keep_alive``).
 
     The listening socket is bound here, once, and handed to uvicorn: a port picked by number and bound later
     could be taken in between by another process or a loopback client's ephemeral port."""
@@ -30,7 +31,14 @@ def serve_app(app: Any, *, timeout_s: float = 30.0) -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=port, loop="asyncio", http="httptools", log_level="warning", access_log=False
+            app,
+            host="127.0.0.1",
+            port=port,
+            loop="asyncio",
+            http="httptools",
+            log_level="warning",
+            access_log=False,
+            **options,
         )
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)
