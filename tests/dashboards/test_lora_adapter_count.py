@@ -58,11 +58,15 @@ def targets() -> Iterator[list[str]]:
 
 
 def _value(prom: PrometheusServer, expr: str) -> float:
+    """``expr`` once both targets have been scraped. Their ``up`` first, then the value: a scrape's samples and
+    its ``up`` are committed together, so a value read after both are up holds both instances; read before the
+    check, it could predate the second instance's first scrape (3 running instead of 3 + 1)."""
     deadline = time.monotonic() + 30  # a polling deadline: the first scrapes of a loaded box can take seconds
     while time.monotonic() < deadline:
-        result = prom.query(expr)
-        if len(result) == 1 and len(prom.query(f'count(up{{job="{JOB}"}} == 1) == 2')) == 1:
-            return float(result[0]["value"][1])
+        if len(prom.query(f'count(up{{job="{JOB}"}} == 1) == 2')) == 1:
+            result = prom.query(expr)
+            if len(result) == 1:
+                return float(result[0]["value"][1])
         time.sleep(0.2)
     raise AssertionError(f"no value for {expr}")
 
