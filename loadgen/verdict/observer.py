@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +34,20 @@ _HIDDEN_LABELS = frozenset({"__name__", "alertname", "alertstate", "severity"})
 
 
 def parse_time(text: Any) -> float | None:
-    """Unix seconds from an RFC 3339 time as Prometheus and Alertmanager write it (up to nanoseconds)."""
+    """Unix seconds from an RFC 3339 time as Prometheus and Alertmanager write it (up to nanoseconds); a time
+    without an offset is UTC, never the machine's local time."""
     if not isinstance(text, str) or not text:
         return None
     value = text.strip().replace("Z", "+00:00")
     if "." in value:  # Python parses at most 6 fractional digits; Go writes up to 9
         head, _, rest = value.partition(".")
-        digits = "".join(c for c in rest if c.isdigit())
+        digits = rest[: len(rest) - len(rest.lstrip("0123456789"))]  # the fraction only, not the offset's digits
         value = f"{head}.{digits[:6]}{rest[len(digits) :]}"
     try:
-        return datetime.fromisoformat(value).timestamp()
+        parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
+    return (parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 LabelKey = tuple[tuple[str, str], ...]

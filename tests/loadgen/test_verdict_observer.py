@@ -28,6 +28,17 @@ def test_go_times_with_nanoseconds_parse() -> None:
     assert V.parse_time("garbage") is None
 
 
+def test_a_fraction_keeps_its_offset_whatever_the_machines_time_zone() -> None:
+    """The fraction's digits end where the offset begins: the offset's digits were once taken as more of the
+    fraction, which dropped the offset and read the time as the machine's local time (off by hours on a
+    machine not on UTC; the verdict then counted the wrong alerts)."""
+    utc = 1_800_000_000.5  # 2027-01-15T08:00:00.5Z
+    assert V.parse_time("2027-01-15T08:00:00.5Z") == utc
+    assert V.parse_time("2027-01-15T09:00:00.5+01:00") == utc
+    assert V.parse_time("2027-01-15T03:00:00.123456789-05:00") == pytest.approx(1_800_000_000.123456, abs=1e-6)
+    assert V.parse_time("2027-01-15T08:00:00.5") == utc  # no offset: UTC
+
+
 # --- the window's alerts and pages, from stand-ins answering like Prometheus and the pager -------------------
 
 
