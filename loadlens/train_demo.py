@@ -39,7 +39,10 @@ def pages_of(run_dir: Path, alertname: str) -> list[dict[str, Any]]:
         return []
     out = []
     for line in path.read_text().splitlines():
-        note = json.loads(line)
+        try:
+            note = json.loads(line)
+        except ValueError:
+            continue  # the line the pager is writing as we read (a line across a page boundary shows in two parts)
         if any(a.get("labels", {}).get("alertname") == alertname for a in note.get("alerts", [])):
             out.append(note)
     return out

@@ -75,7 +75,13 @@ def _pages(stack: Stack) -> list[dict[str, Any]]:
     path = stack.run_dir / "pages.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    pages = []
+    for line in path.read_text().splitlines():
+        try:
+            pages.append(json.loads(line))
+        except ValueError:
+            continue  # the line the pager is writing as we read
+    return pages
 
 
 def _ttft_alerts(stack: Stack, status: str) -> list[dict[str, Any]]:
@@ -137,9 +143,13 @@ def test_ttft_breach_pages_then_resolves_and_healthy_load_pages_nothing(stack: S
     notification = next(n for n in _pages(stack) if any(a in n["alerts"] for a in [firing]))
     assert notification["receiver"] == "pager" and notification["version"] == "4"
     assert notification["externalURL"] == _url(stack, "alertmanager")
-    firing_now, notifications, last = stack.alerts_and_pages()  # what `loadlens stack status` prints
+    # What `loadlens stack status` prints. Alertmanager may deliver another notification of the firing group
+    # meanwhile (group_interval 5 s), so its count is checked against the log read just before and just after.
+    before = len(_pages(stack))
+    firing_now, notifications, last = stack.alerts_and_pages()
+    after = len(_pages(stack))
     assert firing_now is not None and "LoadlensTTFTP99High{critical}" in firing_now
-    assert notifications == len(_pages(stack)) >= 1 and last is not None
+    assert 1 <= before <= notifications <= after and last is not None
     links = dict(stack.ui_links())
     for what in ("Prometheus graph", "Prometheus alerts", "Alertmanager", "Runbooks"):
         assert httpx.get(links[what]).status_code == 200, (what, links[what])
