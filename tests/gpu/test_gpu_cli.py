@@ -227,9 +227,9 @@ runpy.run_module("exporters.gpu", run_name="__main__")
 
 
 def test_lean_entry_point_runs_the_nvml_backend_without_the_rest_of_loadlens() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # free_port, not bind(port 0) and close: a port of the kernel's ephemeral range can become another process's
+    # outgoing connection before the exporter binds it ("Address already in use", exit 2).
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", _LEAN, "--backend", "nvml", "--port", str(port)],
         stderr=subprocess.PIPE,

@@ -359,11 +359,11 @@ def test_http_source_errors(engine: tuple[str, list[int]]) -> None:
 
 
 def test_http_source_unreachable() -> None:
-    import socket
+    from loadlens.util.net import free_port
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # A port nobody listens on: free_port's picks are never another caller's, and lie below the ephemeral range
+    # that a bind(port 0) elsewhere (another test's server) could be given right after this one closed it.
+    port = free_port()
     source = HttpSource(f"http://127.0.0.1:{port}/sim/device-state", timeout=1.0)
     with pytest.raises(SourceError, match="GET http://127.0.0.1"):
         source.fetch(0)
