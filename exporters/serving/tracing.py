@@ -93,11 +93,13 @@ class BoundedSpanProcessor(SpanProcessor):
         except Exception:  # an exporter bug must not kill the export thread
             log.exception("span export failed; %d spans lost", len(batch))
             result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self._on_drop(EXPORT_FAILED, len(batch))
-        with self._progress:
-            self._handled += len(batch)
-            self._progress.notify_all()
+        try:
+            if result is not SpanExportResult.SUCCESS:
+                self._on_drop(EXPORT_FAILED, len(batch))
+        finally:  # handled either way: force_flush must not wait for a batch that is gone
+            with self._progress:
+                self._handled += len(batch)
+                self._progress.notify_all()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
