@@ -174,8 +174,8 @@ def test_request_log_line_carries_trace_id(caplog: pytest.LogCaptureFixture) -> 
     app = create_app(
         ScriptedEngine(), ServeSettings(log_format="json"), registry=CollectorRegistry(), tracing=Tracing.disabled()
     )
-    logger = logging.getLogger("loadlens.request")
-    logger.setLevel(logging.INFO)
+    # caplog.at_level sets the logger's level for the block and puts it back after (a bare setLevel here left
+    # every later request of this worker's in-process servers formatting and emitting its log line).
     with caplog.at_level(logging.INFO, logger="loadlens.request"), serve_app(app) as url:
         body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         httpx.post(url + "/v1/chat/completions", json=body, headers={"traceparent": TP})
