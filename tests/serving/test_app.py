@@ -214,17 +214,21 @@ def test_client_disconnect_aborts_request_in_engine(served: Served) -> None:
         pass
     _wait_for(lambda: len(served.engine.aborted) == 1)
     assert served.engine.active == set()
+    aborts = {"model_name": "scripted", "reason": "client_disconnect"}
+    labels = {"model_name": "scripted", "priority_class": "interactive", "code": "499"}
+    # The server thread counts the abort, then the 499, a few lines apart (RequestLifecycle.finish_abort): the
+    # wait is for both, or a read between the two finds the abort counted and the 499 not yet.
     _wait_for(
         lambda: (
-            served.sample("loadlens_request_aborts_total", {"model_name": "scripted", "reason": "client_disconnect"})
-            == 1
+            served.sample("loadlens_request_aborts_total", aborts) is not None
+            and served.sample("loadlens_requests_total", labels) is not None
         )
     )
+    assert served.sample("loadlens_request_aborts_total", aborts) == 1
+    assert served.sample("loadlens_requests_total", labels) == 1
     assert (
         served.sample("loadlens_requests_in_flight", {"model_name": "scripted", "priority_class": "interactive"}) == 0
     )
-    labels = {"model_name": "scripted", "priority_class": "interactive", "code": "499"}
-    assert served.sample("loadlens_requests_total", labels) == 1
 
 
 def test_admin_requires_token(served: Served) -> None:
