@@ -111,8 +111,12 @@ def _delta(before: dict[Any, float], after: dict[Any, float]) -> dict[Any, float
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
 
 
-def _http_requests(registry: CollectorRegistry) -> float:
-    return sum(s.value for m in registry.collect() for s in m.samples if s.name == "http_requests_total")
+def _http_observed(registry: CollectorRegistry) -> float:
+    """Requests the HTTP layer has finished recording: ``HttpMetrics.observe`` counts the request first and
+    observes its duration last, so a request's duration count appears once all its HTTP series have it."""
+    return sum(
+        s.value for m in registry.collect() for s in m.samples if s.name == "http_request_duration_seconds_count"
+    )
 
 
 def _in_flight(registry: CollectorRegistry) -> float:
@@ -147,12 +151,14 @@ class _Rig:
         """The response to one case and what it changed in the metrics (once the request is recorded)."""
         path, body, headers = CASES[case]
         self.app.direct = self.direct if direct else None
-        before, counted = _samples(self.registry, self.skip), _http_requests(self.registry)
+        before, counted = _samples(self.registry, self.skip), _http_observed(self.registry)
         r = httpx.post(self.url + path, content=body, headers=headers, timeout=30)
         deadline = time.monotonic() + 30
-        # Recorded after the last byte went out: the HTTP layer's count and the request's own end (in flight
-        # back to 0) come from two places, which a loaded machine may run in either order.
-        while _http_requests(self.registry) < counted + 1 or _in_flight(self.registry) != 0:
+        # Recorded after the last byte went out: the HTTP layer's series and the request's own end (in flight
+        # back to 0) come from two places, which a loaded machine may run in either order. The HTTP layer's
+        # last observation, not its first: a read between the two found http_requests_total counted and the
+        # size and duration series not yet.
+        while _http_observed(self.registry) < counted + 1 or _in_flight(self.registry) != 0:
             assert time.monotonic() < deadline, "the request was never recorded"
             time.sleep(0.005)
         return _response(r), _delta(before, _samples(self.registry, self.skip))
