@@ -2,7 +2,7 @@
 names of loadlens/contracts/ports.py, every dashboard query (variables substituted) returns data.
 
 Children: ``loadlens serve --engine sim``, ``loadlens gpu-exporter --backend sim`` reading the sim's device
-state, and ``loadlens load --profile quick --time-scale 0.1 --headless`` (about 10 s): the shared live run of
+state, and ``loadlens load --profile quick --time-scale 0.2 --headless`` (about 17 s): the shared live run of
 tests/support/live.py. Queries run as range
 queries over the test window, because the load generator's series go stale once it exits.
 """
@@ -17,9 +17,9 @@ from loadlens.dashboards.catalog import dashboards
 from tests.dashboards.support import all_queries, concrete
 from tests.support.live import JOBS, LiveRun
 
-# Queries that legitimately return no data in a ~10 s healthy sim run. Each entry names why.
+# Queries that legitimately return no data in a ~17 s healthy sim run. Each entry names why.
 NO_DATA_IN_SHORT_SIM_RUN = {
-    # No alert rules are loaded into the test Prometheus and nothing would fire in 10 s anyway; the
+    # No alert rules are loaded into the test Prometheus and nothing would fire in 17 s anyway; the
     # "Alerts firing" stat panel uses `or vector(0)` and is checked.
     "loadlens-overview / annotation Firing alerts",
     "loadlens-gpu / annotation Firing alerts",

@@ -1,7 +1,9 @@
 """One short, real run of the whole measurement path, shared by the tests that need live data.
 
-A sim server, the GPU exporter on its device state and ``loadlens load --profile quick --time-scale 0.1``
-(about 10 s), scraped every second by a real Prometheus under the job names of ``loadlens/contracts/ports.py``.
+A sim server, the GPU exporter on its device state and ``loadlens load --profile quick --time-scale 0.2``
+(about 17 s: measured stages of 4 s, so that each holds several of the 1 s scrapes even when one or two fail
+or come late on a busy machine: a stage's counters are its last scrape less its first), scraped every second
+by a real Prometheus under the job names of ``loadlens/contracts/ports.py``.
 The dashboards' proof and the report test both read it (``live_run`` fixture in tests/conftest.py).
 """
 
@@ -52,7 +54,7 @@ def live_sim_run(tmp: Path) -> Iterator[LiveRun]:
                 prom.wait_for_up(JOBS["serve"])
                 prom.wait_for_up(JOBS["gpu"])
                 start = time.time()
-                load = [*CMD, "load", "--profile", "quick", "--time-scale", "0.1", "--headless", "--host", serve_url,
+                load = [*CMD, "load", "--profile", "quick", "--time-scale", "0.2", "--headless", "--host", serve_url,
                         "--metrics-port", str(load_port), "--results", str(tmp / "results"), "--run-id", "live",
                         "--prometheus", prom.url]  # fmt: skip
                 proc = subprocess.run(load, capture_output=True, text=True, timeout=45, cwd=tmp)
