@@ -75,8 +75,9 @@ def observe(gpu: GPUProfile, names: list[str]) -> list[Stage]:
     return stages
 
 
-def experiment_doc(stages: list[Stage]) -> dict[str, object]:
-    """An ``experiment_result.json`` whose trials are these stages, as a calibration sweep writes it."""
+def experiment_doc(stages: list[Stage], repeats: int = 1) -> dict[str, object]:
+    """An ``experiment_result.json`` whose trials are these stages, as a calibration sweep writes it; with
+    ``repeats``, each trial holds that many identical runs."""
     from loadlens.contracts.experiment_result import (
         ExperimentInfo,
         ExperimentResult,
@@ -97,15 +98,15 @@ def experiment_doc(stages: list[Stage]) -> dict[str, object]:
         cap = s.kv_capacity
         server = ServerSample(engine_counters=dict(s.counters), kv_cache_blocks=cap.blocks if cap else None,
                               kv_cache_block_size=cap.block_size if cap else None)  # fmt: skip
-        run = TrialRun(repeat=1, run_id="r1", result_path=f"trials/{s.name}/r1/benchmark_result.json",
-                       log_path=f"trials/{s.name}/r1/load.log", exit_code=0, completed=True, start_timestamp=0.0,
-                       end_timestamp=s.duration_s, duration_s=s.duration_s, figures=figures,
-                       server=server)  # fmt: skip
-        stats = {k: Stat(mean=v, n=1, values=[v]) for k, v in figures.items() if v is not None}
+        runs = [TrialRun(repeat=r, run_id=f"r{r}", result_path=f"trials/{s.name}/r{r}/benchmark_result.json",
+                         log_path=f"trials/{s.name}/r{r}/load.log", exit_code=0, completed=True, start_timestamp=0.0,
+                         end_timestamp=s.duration_s, duration_s=s.duration_s, figures=figures,
+                         server=server) for r in range(1, repeats + 1)]  # fmt: skip
+        stats = {k: Stat(mean=v, n=repeats, values=[v] * repeats) for k, v in figures.items() if v is not None}
         params: dict[str, Scalar] = {"users": s.users, "prompt_tokens": round(s.prompt_tokens)}
-        trials.append(Trial(index=i, name=s.name, params=params, profile="closed", status="done", runs=[run],
+        trials.append(Trial(index=i, name=s.name, params=params, profile="closed", status="done", runs=runs,
                             figures=stats))  # fmt: skip
-    info = ExperimentInfo(name="calibration-sweep", source="calibration-sweep.yaml", sha256="0" * 64, repeats=1,
+    info = ExperimentInfo(name="calibration-sweep", source="calibration-sweep.yaml", sha256="0" * 64, repeats=repeats,
                           time_scale=1.0, users_scale=1.0, analysis="table")  # fmt: skip
     result = ExperimentResult(run_id="known", experiment=info, server=ServerInfo(mode="sim"), start_time="t",
                               trials=trials, completed=True)  # fmt: skip

@@ -4,10 +4,13 @@ their mean, with the reason; and the replay's draws around them, seeded."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from exporters.serving.calibrate.client_overhead import fit_client_overhead, fit_line, stage_gap, stage_turnaround
-from exporters.serving.calibrate.observations import Stage
+from exporters.serving.calibrate.observations import Stage, read_stages
 from exporters.serving.calibrate.replay import StageLoad, replay
 from loadlens.contracts.gpu_profile import load_gpu_profile
 from tests.calibrate.known import model
@@ -75,3 +78,26 @@ def test_the_replay_draws_each_part_around_its_mean_and_repeats_itself() -> None
     # Fewer requests complete than without the time outside: the cycle holds both parts.
     assert f["completed"] < (base["completed"] or 0)
     assert f["p99_ttft_ms"] > f["median_ttft_ms"]  # the drawn outside part spreads the client's TTFT
+
+
+@pytest.mark.parametrize("repeats", [2, 3])
+def test_a_stage_read_from_repeats_has_one_runs_turnaround_and_server_figures(tmp_path: Path, repeats: int) -> None:
+    """A trial run ``repeats`` times with identical runs reads as one run does: its requests and counters are
+    summed over the runs, its duration is one run's, and what calibrate fits from them is per run."""
+    from tests.calibrate.known import LOADS, experiment_doc, hidden_profile, observe
+
+    names = list(LOADS)[:2]
+    observed = observe(hidden_profile(tmp_path), names)
+    read = {}
+    for n in (1, repeats):
+        path = tmp_path / f"experiment_result-{n}.json"
+        path.write_text(json.dumps(experiment_doc(observed, repeats=n)))
+        read[n] = read_stages(path)
+    for one, many in zip(read[1], read[repeats], strict=True):
+        assert (one.runs, many.runs) == (1, repeats)
+        assert many.completed == repeats * one.completed
+        assert many.duration_s == one.duration_s
+        assert stage_turnaround(many) == pytest.approx(stage_turnaround(one), rel=1e-12)
+        assert stage_gap(many) == pytest.approx(stage_gap(one), rel=1e-12)
+        assert many.server_figures() == pytest.approx(one.server_figures(), rel=1e-12)
+        assert (many.prompt_tokens, many.output_tokens) == pytest.approx((one.prompt_tokens, one.output_tokens))

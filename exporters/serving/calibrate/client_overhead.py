@@ -60,11 +60,12 @@ def stage_gap(stage: Stage) -> float | None:
 
 
 def stage_turnaround(stage: Stage) -> float | None:
-    """The closed loop's cycle per user minus the client's mean E2E, seconds; None without both."""
+    """The closed loop's cycle per user minus the client's mean E2E, seconds; None without both. Per run: a
+    stage read from repeats has their requests summed and one run's duration."""
     client = stage.figures.get("mean_e2el_ms")
     if not client or stage.completed <= 0 or stage.duration_s <= 0:
         return None
-    return stage.users * stage.duration_s / stage.completed - client / 1000
+    return stage.users * stage.duration_s * stage.runs / stage.completed - client / 1000
 
 
 def fit_line(points: dict[str, tuple[int, float]], constant: bool = False) -> Line | None:

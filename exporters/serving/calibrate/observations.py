@@ -35,18 +35,22 @@ class Stage:
     """Mean prompt tokens per request as the server counted them (usage)."""
     output_tokens: float
     duration_s: float
+    """One run's measured seconds (the mean over the trial's runs)."""
     completed: int
+    """Requests completed over all the trial's runs."""
     figures: dict[str, float] = field(default_factory=dict)
     """CLIENT_FIGURES present in the run (ms, tok/s, requests)."""
     counters: dict[str, float] = field(default_factory=dict)
     """Engine counter increases over the measured window (vLLM's names)."""
     kv_capacity: KvCapacity | None = None
     """The KV capacity the server stated during the stage (``vllm:cache_config_info``), None where it states none."""
+    runs: int = 1
+    """The trial's runs (repeats) read into this stage: its counters and ``completed`` are their sums."""
 
     def server_figures(self) -> dict[str, float]:
         """The server's own figures over the window: vLLM's histogram means (ms), its output token rate
         and Little's law's mean running requests (inference time over the window)."""
-        return server_figures(self.counters, self.counters.get(SPAN, self.duration_s))
+        return server_figures(self.counters, self.counters.get(SPAN, self.duration_s * self.runs))
 
     def server_mean(self, histogram: str) -> float | None:
         """``_sum / _count`` of a vLLM histogram's increase, seconds; None without samples."""
@@ -143,6 +147,7 @@ def read_stages(path: Path) -> list[Stage]:
                 figures=figs,
                 counters=counters,
                 kv_capacity=stated[-1] if stated else None,
+                runs=len(runs),
             )
         )
     if not stages:
