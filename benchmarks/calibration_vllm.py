@@ -1,6 +1,6 @@
 """One calibration sweep against the real vLLM CPU rig (docs/calibration.md).
 
-Run: ``python -m benchmarks.calibration_vllm [--results DIR] [--run-id ID] [--time-scale X]`` (needs
+Run: ``python -m benchmarks.calibration_vllm [--results DIR] [--run-id ID] [--time-scale X] [--repeats N]`` (needs
 ``.venv-vllm``, docs/real-vllm.md). It builds the tiny model (``tests/support/vllm_model.py``), starts one vLLM
 (``tests/support/vllm_server.py``: its own process group, killed on exit), runs ``loadlens experiment
 calibration-sweep --host URL --model tiny-llama`` against it and prints the experiment's result path; then
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-id", default="calibration-vllm")
     p.add_argument("--time-scale", default="1")
     p.add_argument("--param", action="append", default=[], help="passed on to the experiment")
+    p.add_argument("--repeats", type=int, default=None, help="runs per stage (passed on to the experiment)")
     args = p.parse_args(argv)
     model = tiny_model()
     log = Path(args.results) / "experiments" / f"{args.run_id}-vllm.log"
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                "--time-scale", args.time_scale]  # fmt: skip
         for param in args.param:
             cmd += ["--param", param]
+        if args.repeats is not None:
+            cmd += ["--repeats", str(args.repeats)]
         code = subprocess.call(cmd, cwd=ROOT)
     print(f"result: {Path(args.results) / 'experiments' / args.run_id / 'experiment_result.json'}")
     return code
