@@ -1,10 +1,13 @@
 """One calibration sweep against the real vLLM CPU rig (docs/calibration.md).
 
-Run: ``python -m benchmarks.calibration_vllm [--results DIR] [--run-id ID] [--time-scale X] [--repeats N]`` (needs
-``.venv-vllm``, docs/real-vllm.md). It builds the tiny model (``tests/support/vllm_model.py``), starts one vLLM
+Run: ``python -m benchmarks.calibration_vllm [--results DIR] [--run-id ID] [--shape calibration|tiny]
+[--time-scale X] [--repeats N]`` (needs ``.venv-vllm``, docs/real-vllm.md). It builds the model of the shape
+(``tests/support/vllm_model.py``; default ``calibration``, 47.2M parameters, whose engine steps are long enough
+for vLLM to stream each token on the 2-core machine; ``tiny`` is the test suite's), starts one vLLM
 (``tests/support/vllm_server.py``: its own process group, killed on exit), runs ``loadlens experiment
-calibration-sweep --host URL --model tiny-llama`` against it and prints the experiment's result path; then
-``loadlens calibrate RESULT --model-profile PROFILE ...`` fits the sim to it.
+calibration-sweep --host URL --model tiny-llama`` against it and prints the experiment's result path and the
+``loadlens calibrate`` command that fits the sim to it, with the shape's model profile
+(``benchmarks/calibration/``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import sys
 from pathlib import Path
 
 from tests.support.paths import ROOT
-from tests.support.vllm_model import SERVED_NAME, tiny_model
+from tests.support.vllm_model import SERVED_NAME, SHAPES, tiny_model
 from tests.support.vllm_server import vllm_server
+
+MODEL_PROFILES = {"tiny": "tiny-llama.yaml", "calibration": "small-llama.yaml"}
+"""Each shape's sim model profile under benchmarks/calibration/ (tests/calibrate/test_rig_profiles.py)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", default="1")
     p.add_argument("--param", action="append", default=[], help="passed on to the experiment")
     p.add_argument("--repeats", type=int, default=None, help="runs per stage (passed on to the experiment)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="calibration", help="the served model's shape")
     args = p.parse_args(argv)
-    model = tiny_model()
+    model = tiny_model(ranks=(), shape=SHAPES[args.shape]) if args.shape != "tiny" else tiny_model()
     log = Path(args.results) / "experiments" / f"{args.run_id}-vllm.log"
     with vllm_server(model, log_path=log) as server:
         print(f"vLLM healthy at {server.url} after {server.startup_s:.1f} s (log {log})", flush=True)
@@ -39,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeats is not None:
             cmd += ["--repeats", str(args.repeats)]
         code = subprocess.call(cmd, cwd=ROOT)
-    print(f"result: {Path(args.results) / 'experiments' / args.run_id / 'experiment_result.json'}")
+    result = Path(args.results) / "experiments" / args.run_id
+    print(f"result: {result / 'experiment_result.json'}")
+    profile = ROOT / "benchmarks" / "calibration" / MODEL_PROFILES[args.shape]
+    print(
+        f"fit: loadlens calibrate {result} --model-profile {profile.relative_to(ROOT)} --hold-out c4-p128 p192-c2"
+        f" --profile {args.run_id}.yaml --json {args.run_id}.json"
+    )
     return code
 
 

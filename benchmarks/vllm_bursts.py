@@ -1,8 +1,9 @@
 """Whether the real vLLM CPU rig streams its tokens as it makes them, from a bare client (docs/calibration.md).
 
-Run: ``python -m benchmarks.vllm_bursts [--requests N]`` (needs ``.venv-vllm``, docs/real-vllm.md). It starts
-one vLLM (``tests/support/vllm_server.py``: its own process group, killed on exit) and sends N streamed
-completions one at a time (64 tokens, ``ignore_eos``) from ``httpx``, three times: alone, with a ``/metrics``
+Run: ``python -m benchmarks.vllm_bursts [--requests N] [--shape tiny|calibration]`` (needs ``.venv-vllm``,
+docs/real-vllm.md). It starts one vLLM serving the model of the shape (``tests/support/vllm_model.py``; default
+the test suite's ``tiny``; ``tests/support/vllm_server.py``: its own process group, killed on exit) and sends N
+streamed completions one at a time (64 tokens, ``ignore_eos``) from ``httpx``, three times: alone, with a ``/metrics``
 poller every 0.25 s (what the experiment runner's sampler does), and alone again. Per request: the first
 token's time, the median gap between tokens and the last token's time, as the client read them; a request
 whose median gap is under 0.1 ms came in one burst. No load generator, no proxy: what it shows is the server's.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.vllm_model import SERVED_NAME, tiny_model
+from tests.support.vllm_model import SERVED_NAME, SHAPES, tiny_model
 from tests.support.vllm_server import vllm_server
 
 BURST_S = 1e-4
@@ -53,8 +54,10 @@ def series(url: str, label: str, n: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=30)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the served model's shape")
     args = p.parse_args(argv)
-    with vllm_server(tiny_model(), log_path=Path("results/vllm-bursts.log")) as server:
+    model = tiny_model() if args.shape == "tiny" else tiny_model(ranks=(), shape=SHAPES[args.shape])
+    with vllm_server(model, log_path=Path("results/vllm-bursts.log")) as server:
         for _ in range(3):
             one(server.url)  # warm-up
         series(server.url, "alone", args.requests)

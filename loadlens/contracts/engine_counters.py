@@ -4,7 +4,8 @@ a run's measured window, read by the experiment's ``/metrics`` sampler (loadlens
 What ``loadlens calibrate`` fits a step-time model to beside the client's figures (docs/calibration.md):
 how many engine steps ran (``vllm:iteration_tokens_total_count``) and how many tokens they carried
 (``..._sum``), how long requests spent queued, in prefill and in decode (``vllm:request_*_time_seconds``), the
-tokens and requests. Each value is summed over label sets (engines, models); the increase is, per measured
+tokens and requests, and the prompt tokens looked up in and served from the prefix cache (a calibration
+stage's prompts must miss it). Each value is summed over label sets (engines, models); the increase is, per measured
 window, the last sample inside it minus the first, summed over the windows. A series absent from every sample
 inside a window is absent from the result (never 0).
 
@@ -31,6 +32,8 @@ COUNTERS = (
     "vllm:generation_tokens_total",
     "vllm:request_success_total",
     "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
 )
 ENGINE_COUNTERS: frozenset[str] = frozenset(
     [f"{h}_sum" for h in HISTOGRAMS] + [f"{h}_count" for h in HISTOGRAMS] + list(COUNTERS)

@@ -136,6 +136,9 @@ class TrialRun(_Model):
     prepare_s: float | None = None
     """Seconds the trial's server configuration took before this run: knobs set, a ``--server-command``
     server started until healthy, the trial's adapters loaded."""
+    seed: int | None = None
+    """The prompt seed the run was given (``loadlens load --seed``; runner.run_seed); null in results written
+    before runs had their own."""
     figures: dict[str, float | None] = Field(default_factory=dict)
     server: ServerSample = Field(default_factory=ServerSample)
     verdict_status: str | None = None

@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     arg(p, "--results", default="results", help="run directories go to RESULTS/experiments/")
     arg(p, "--run-id", help="the experiment directory's name (default NAME-UTCTIMESTAMP)")
     arg(p, "--resume", action="store_true", help="continue the experiment in --run-id after an interrupt")
+    arg(p, "--seed", type=int, help="base of the runs' prompt seeds: run seed = SEED + 1000 x trial index + repeat"
+        " - 1, so no two runs send the same prompts (default: a hash of the run id)")  # fmt: skip
     arg(p, "--prometheus", help="passed to loadlens load: server-side and GPU figures per trial")
     arg(p, "--slo-file", help="SLO file (loadlens load and the analysis)")
     arg(p, "--model", help="model name for loadlens load")
@@ -169,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         api_key=args.api_key,
         resume=args.resume,
+        seed=args.seed,
         lora_base=lora_base,
         device=DeviceWatch(_probe_dir(args.device_probe_dir), token=args.api_key)
         if exp.spec.analysis.kind == "multi_lora"

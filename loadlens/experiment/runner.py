@@ -69,6 +69,24 @@ class RunOptions:
     lora_base: str | None = None
     """The base model the experiment's adapters are made for (config.json, model directory, sim profile)."""
     device: DeviceWatch | None = None  # multi_lora: VRAM steps per adapter and utilisation (experiment/device.py)
+    seed: int | None = None
+    """The base of every run's prompt seed (``--seed``); None: one derived from the run id (:func:`run_seed`)."""
+
+
+SEEDS_PER_TRIAL = 1000
+"""Room for each trial's repeats in the run seeds (``--repeats`` is at most 100)."""
+
+
+def run_seed(opts: RunOptions, trial_index: int, repeat: int) -> int:
+    """The prompt seed of one run (``loadlens load --seed``): the base plus ``SEEDS_PER_TRIAL`` per trial plus
+    the repeat, so no two runs of an experiment send the same prompts. The load generator draws request k's
+    prompt from (seed, k), so with one seed every trial after the first would resend the earlier trials'
+    prompts, and a server with prefix caching on (vLLM's default, and the sim's) would serve their blocks
+    from its cache: their prefills shorter than the load asks for. The base defaults to a hash of the run id:
+    a new run against a server still holding an earlier run's blocks sends other prompts, and ``--resume``
+    keeps the seeds of the runs it continues."""
+    base = opts.seed if opts.seed is not None else int(hashlib.sha256(opts.run_id.encode()).hexdigest()[:6], 16)
+    return base + SEEDS_PER_TRIAL * trial_index + repeat - 1
 
 
 def write_result(directory: Path, result: ExperimentResult) -> None:
@@ -90,9 +108,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def _load_argv(profile: Path, host: str, out_dir: Path, run_id: str, opts: RunOptions, dry: bool) -> list[str]:
+def _load_argv(
+    profile: Path, host: str, out_dir: Path, run_id: str, opts: RunOptions, dry: bool, seed: int | None = None
+) -> list[str]:
     argv = [sys.executable, "-m", "loadlens.cli", "load", "--profile", str(profile), "--host", host, "--headless"]
     argv += ["--results", str(out_dir), "--run-id", run_id, "--metrics-port", "0", "--progress-interval", "0"]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
     argv += ["--time-scale", repr(opts.time_scale), "--users-scale", repr(opts.users_scale)]
     if opts.prometheus:
         argv += ["--prometheus", opts.prometheus]
@@ -176,7 +198,8 @@ class ExperimentRunner:
     def _fingerprint(self) -> str:
         body = json.dumps(
             {"sha256": self.exp.sha256, "parameters": self.exp.spec.parameters, "repeats": self.opts.repeats,
-             "time_scale": self.opts.time_scale, "users_scale": self.opts.users_scale},
+             "time_scale": self.opts.time_scale, "users_scale": self.opts.users_scale,
+             **({"seed": self.opts.seed} if self.opts.seed is not None else {})},
             sort_keys=True,
         )  # fmt: skip
         return hashlib.sha256(body.encode()).hexdigest()
@@ -309,7 +332,8 @@ class ExperimentRunner:
         run_dir = out_dir / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
         log = run_dir / "load.log"
-        argv = _load_argv(self.profiles[trial.name], url, out_dir, run_id, self.opts, dry=False)
+        seed = run_seed(self.opts, trial.index, repeat)
+        argv = _load_argv(self.profiles[trial.name], url, out_dir, run_id, self.opts, dry=False, seed=seed)
         env = dict(os.environ)
         if self.opts.api_key:
             env["LOADLENS_LOAD_API_KEY"] = self.opts.api_key
@@ -342,6 +366,7 @@ class ExperimentRunner:
             start_timestamp=start,
             end_timestamp=end,
             duration_s=round(end - start, 3),
+            seed=seed,
         )
         if not result_path.is_file():
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]

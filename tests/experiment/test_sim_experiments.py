@@ -184,9 +184,14 @@ def test_calibration_sweep_records_the_engine_counters_on_the_sim(tmp_path: Path
         ("c2-p128", {"users": 2, "prompt_tokens": 128}, "done"),
         ("p32-c2", {"prompt_tokens": 32, "users": 2}, "done"),
     ]
+    # Each run its own prompts: with one seed the second trial's 32-token prompts would begin as the first's
+    # 128-token ones did, and the sim's prefix cache (on, as vLLM's) would serve their first blocks.
+    assert result.trials[1].runs[0].seed == (result.trials[0].runs[0].seed or 0) + 1000
     for trial in result.trials:
         run = trial.runs[0]
         counters = run.server.engine_counters
+        assert counters["vllm:prefix_cache_queries_total"] > 0
+        assert counters["vllm:prefix_cache_hits_total"] == 0
         steps = counters["vllm:iteration_tokens_total_count"]
         # Every step is counted once; a request's 16 tokens take 16 steps, so steps >= its tokens / users.
         assert steps >= counters["vllm:generation_tokens_total"] / 2 > 0

@@ -1,16 +1,25 @@
 """A tiny Llama for a real vLLM on a CPU, made offline and never downloaded (docs/real-vllm.md).
 
-``tiny_model()`` returns a directory with a random-weight ``LlamaForCausalLM`` (hidden 128, intermediate 256,
-2 layers, 4 heads, 2 KV heads, bf16, a fixed seed), a WordPiece tokenizer built with ``tokenizers`` (1,547
+``tiny_model()`` returns a directory with a random-weight ``LlamaForCausalLM`` (``TINY``: hidden 128, intermediate
+256, 2 layers, 4 heads, 2 KV heads, bf16, a fixed seed), a WordPiece tokenizer built with ``tokenizers`` (1,547
 tokens: vLLM refuses LoRA with a vocabulary over 258,048, which rules out the sim's ``--write-tokenizer`` one)
 with a chat template, and PEFT LoRA adapters of the ranks asked for on ``q_proj``/``v_proj``. The directory's
-name is a hash of everything that decides its content (this file's source, the ranks), so it is built once per
-checkout and rebuilt whenever this file changes; a half-written build never takes its place.
+name is a hash of everything that decides its content (this file's source, the shape, the ranks), so it is built
+once per checkout and rebuilt whenever this file changes; a half-written build never takes its place.
+
+``tiny_model(shape=CALIBRATION)`` is the calibration rig's model (docs/calibration.md, section 4): the same
+tokenizer and template, 47.2M parameters (hidden 1024, intermediate 2816, 4 layers, 16 heads, 2 KV heads), no
+adapters. On the 2-core machine its engine step (about 5 ms a decode) is long beside the API server's and the
+client's work on the shared core, so vLLM streams each token as it makes it; the tiny model's 1.5 ms steps
+reach the client in one burst. Its LM head rows of the special tokens are zero: their logit is then 0 where
+some other token's is almost surely above it, so greedy decoding never emits a run of special tokens, which
+decode to no text (a stream without content is a failed request to the load generator).
 
 It needs torch, transformers, peft and tokenizers (loadlens's ``training`` extra), so it runs in loadlens's
 venv; vLLM's own environment only reads the files. Command line, for benchmarks and ``--server-command``s::
 
-    python -m tests.support.vllm_model [--cache-dir DIR] [--ranks 2,8,32]   # prints the model directory
+    python -m tests.support.vllm_model [--cache-dir DIR] [--ranks 2,8,32] [--shape tiny|calibration]
+    # prints the model directory
 """
 
 from __future__ import annotations
@@ -48,6 +57,26 @@ CHAT_TEMPLATE = (
     + "\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 DONE = ".complete"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama's shape; everything else (tokenizer, template, seed, dtype) is the same for every shape."""
+
+    name: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    quiet_special_tokens: bool = False
+    """Zero the LM head's rows of the special tokens (see the module's docstring)."""
+
+
+TINY = Shape("tiny", hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2)
+CALIBRATION = Shape("calibration", hidden=1024, intermediate=2816, layers=4, heads=16, kv_heads=2,
+                    quiet_special_tokens=True)  # fmt: skip
+SHAPES = {shape.name: shape for shape in (TINY, CALIBRATION)}
 
 
 @dataclass(frozen=True)
@@ -90,18 +119,20 @@ def vocabulary() -> list[str]:
     return [*SPECIAL.values(), *markers, *words, *(f"##{w}" for w in words)]
 
 
-def content_key(ranks: Sequence[int]) -> str:
+def content_key(ranks: Sequence[int], shape: Shape = TINY) -> str:
     """A hash of what decides the files: this module's source (the shapes, seed, vocabulary and template are
-    all written here) and the ranks."""
+    all written here), the shape and the ranks."""
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(json.dumps(sorted(set(ranks))).encode())
+    digest.update(repr(shape).encode())
     return digest.hexdigest()[:16]
 
 
-def tiny_model(cache_dir: Path | None = None, ranks: Sequence[int] = RANKS) -> TinyModel:
-    """The tiny model with adapters of ``ranks``, built under ``cache_dir`` unless it is there already."""
+def tiny_model(cache_dir: Path | None = None, ranks: Sequence[int] = RANKS, shape: Shape = TINY) -> TinyModel:
+    """The model of ``shape`` with adapters of ``ranks``, built under ``cache_dir`` unless it is there
+    already."""
     ranks = tuple(sorted(set(ranks)))
-    root = (cache_dir or CACHE_DIR) / content_key(ranks)
+    root = (cache_dir or CACHE_DIR) / content_key(ranks, shape)
     model = TinyModel(root, ranks)
     if (root / DONE).exists():
         return model
@@ -109,7 +140,7 @@ def tiny_model(cache_dir: Path | None = None, ranks: Sequence[int] = RANKS) -> T
     # Built beside its place and renamed into it: a build cut short leaves only a temporary directory.
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
     try:
-        _build(TinyModel(tmp, ranks))
+        _build(TinyModel(tmp, ranks), shape)
         (tmp / DONE).write_text("", encoding="utf-8")
         try:
             os.rename(tmp, root)
@@ -122,7 +153,7 @@ def tiny_model(cache_dir: Path | None = None, ranks: Sequence[int] = RANKS) -> T
     return model
 
 
-def _build(model: TinyModel) -> None:
+def _build(model: TinyModel, shape: Shape) -> None:
     import torch
 
     torch.manual_seed(SEED)
@@ -131,7 +162,7 @@ def _build(model: TinyModel) -> None:
         warnings.simplefilter("ignore")
         tokenizer = _tokenizer()
         _write_tokenizer(tokenizer, model.path)
-        llama = _llama(tokenizer)
+        llama = _llama(tokenizer, shape)
         llama.save_pretrained(model.path, safe_serialization=True)
         for rank in model.ranks:
             _write_adapter(llama, rank, model.adapters[adapter_name(rank)])
@@ -164,17 +195,17 @@ def _write_tokenizer(tokenizer: Any, out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def _llama(tokenizer: Any) -> Any:
+def _llama(tokenizer: Any, shape: Shape) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
         max_position_embeddings=MAX_POSITIONS,
         bos_token_id=tokenizer.token_to_id(SPECIAL["bos"]),
         eos_token_id=tokenizer.token_to_id(SPECIAL["eos"]),
@@ -182,7 +213,12 @@ def _llama(tokenizer: Any) -> Any:
         tie_word_embeddings=False,
         dtype="bfloat16",
     )
-    return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    llama = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    if shape.quiet_special_tokens:
+        special = [tokenizer.token_to_id(t) for t in [*SPECIAL.values(), *(f"<|{role}|>" for role in ROLES), END]]
+        with torch.no_grad():
+            llama.lm_head.weight[special] = 0
+    return llama
 
 
 def _write_adapter(llama: Any, rank: int, out: Path) -> None:
@@ -207,8 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.support.vllm_model", description=__doc__.split("\n")[0])
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help=f"where models are kept (default {CACHE_DIR})")
     p.add_argument("--ranks", default=",".join(map(str, RANKS)), help="comma-separated LoRA ranks")
+    p.add_argument("--shape", choices=sorted(SHAPES), default=TINY.name, help="the model's shape (default tiny)")
     args = p.parse_args(argv)
-    model = tiny_model(args.cache_dir, [int(r) for r in args.ranks.split(",") if r])
+    model = tiny_model(args.cache_dir, [int(r) for r in args.ranks.split(",") if r], SHAPES[args.shape])
     print(model.root)
     return 0
 

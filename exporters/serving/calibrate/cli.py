@@ -23,7 +23,13 @@ from exporters.serving.calibrate.client_overhead import ClientOverhead, Line, fi
 from exporters.serving.calibrate.fit import PARAMS, FitResult, fit
 from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend_replayed
 from exporters.serving.calibrate.kv import kv_decision
-from exporters.serving.calibrate.observations import CalibrationInputError, Stage, check_usable, read_stages
+from exporters.serving.calibrate.observations import (
+    CalibrationInputError,
+    Stage,
+    check_usable,
+    prefix_cache_warnings,
+    read_stages,
+)
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import replay, stage_load
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE
@@ -225,6 +231,9 @@ def run(args: argparse.Namespace) -> int:
     if not fit_stages:
         raise UsageError("--hold-out leaves no stage to fit")
     _say(f"calibrate: {len(stages)} stages ({len(fit_stages)} fitted, {len(stages) - len(fit_stages)} held out)")
+    warnings = prefix_cache_warnings(stages)
+    for line in warnings:
+        _say(f"calibrate: warning: {line}")
     result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say)
     overhead = fit_client_overhead(fit_stages, args.constant_client_overhead)
 
@@ -276,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
             for a, b, c, d in frontend.rows
         ],
         "profile": str(args.profile),
+        "prefix_cache_hit_ratio": {s.name: s.prefix_hit_ratio() for s in stages},
+        "warnings": warnings,
     }
     if not args.no_predict:
         rows: list[dict[str, object]] = []

@@ -52,10 +52,38 @@ class Stage:
         and Little's law's mean running requests (inference time over the window)."""
         return server_figures(self.counters, self.counters.get(SPAN, self.duration_s * self.runs))
 
+    def prefix_hit_ratio(self) -> float | None:
+        """The share of the prompt tokens looked up in the server's prefix cache that it served from there
+        (``vllm:prefix_cache_hits_total`` / ``..._queries_total`` increases); None where the server does not
+        count them."""
+        queries, hits = self.counters.get(PREFIX_QUERIES), self.counters.get(PREFIX_HITS)
+        return hits / queries if queries and hits is not None else None
+
     def server_mean(self, histogram: str) -> float | None:
         """``_sum / _count`` of a vLLM histogram's increase, seconds; None without samples."""
         total, count = self.counters.get(f"{histogram}_sum"), self.counters.get(f"{histogram}_count")
         return total / count if total is not None and count else None
+
+
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_HIT_LIMIT = 0.02
+"""Above this share of prompt tokens served from the prefix cache a stage's prefills were shorter than its
+prompts: the fit prices every prompt token as computed, so calibrate warns (docs/calibration.md)."""
+
+
+def prefix_cache_warnings(stages: list[Stage]) -> list[str]:
+    """One line per stage whose prompts hit the server's prefix cache above ``PREFIX_HIT_LIMIT``."""
+    out = []
+    for s in stages:
+        ratio = s.prefix_hit_ratio()
+        if ratio is not None and ratio > PREFIX_HIT_LIMIT:
+            out.append(
+                f"stage {s.name}: {ratio * 100:.1f} % of its prompt tokens came from the server's prefix cache, "
+                "where the fit prices every prompt token as computed (its prompts were sent before: rerun the "
+                "sweep with another --run-id or --seed, or against a restarted server)"
+            )
+    return out
 
 
 SERVER_FIGURES = {

@@ -30,6 +30,8 @@ def run_training(args: argparse.Namespace, path: Path, printer: Callable[[Experi
     given = [f for f in SERVER_FLAGS if getattr(args, f, None)]
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')}: a training experiment starts no server")
+    if getattr(args, "seed", None) is not None:
+        raise UsageError("--seed: a training experiment sends no prompts; its seeds are its repeats (--repeats)")
     try:
         exp = load_training(path, dict(args.param))
         slos = load_slos(args.slo_file or None)
