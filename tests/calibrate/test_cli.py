@@ -55,6 +55,34 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     assert f"(frontend_fixed_s: {SPLIT})" in printed
     assert [r["stage"] for r in doc["frontend_rows"]] == STAGES[:4]
     assert "worst |error| over held-out stages:" in printed
+    # The replay's prompts are each its own: the (sim) server looked every prompt up and found none cached.
+    assert doc["prefix_cache_hit_ratio"] == dict.fromkeys(STAGES, 0.0)
+    assert doc["warnings"] == []
+
+
+def test_a_stage_whose_prompts_were_cached_is_warned_about(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stage whose prompts the server had seen before: its prefills were shorter than its prompts, which the
+    fit prices as computed (docs/calibration.md, section 1)."""
+    doc = json.loads((sweep / "experiment_result.json").read_text())
+    counters = doc["trials"][1]["runs"][0]["server"]["engine_counters"]
+    counters["vllm:prefix_cache_hits_total"] = 0.3 * counters["vllm:prefix_cache_queries_total"]
+    path = tmp_path / "cached.json"
+    path.write_text(json.dumps(doc))
+    report = tmp_path / "report.json"
+    code = main(["calibrate", str(path), "--model-profile", str(MODEL), "--profile", str(tmp_path / "p.yaml"),
+                 "--no-predict", "--json", str(report)])  # fmt: skip
+    assert code == 0
+    line = (
+        f"stage {STAGES[1]}: 30.0 % of its prompt tokens came from the server's prefix cache, where the fit prices "
+        "every prompt token as computed (its prompts were sent before: rerun the sweep with another --run-id or "
+        "--seed, or against a restarted server)"
+    )
+    assert f"calibrate: warning: {line}" in capsys.readouterr().err.splitlines()
+    written = json.loads(report.read_text())
+    assert written["warnings"] == [line]
+    assert written["prefix_cache_hit_ratio"][STAGES[1]] == pytest.approx(0.3)
 
 
 def _code_and_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

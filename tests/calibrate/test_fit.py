@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.serving.calibrate.fit import PARAMS, FitResult, admissions, fit, stage_rows
+from exporters.serving.calibrate.fit import PARAMS, FitResult, admission_groups, admissions, fit, stage_rows
 from exporters.serving.calibrate.observations import Stage
 from loadlens.contracts.engine_counters import bucket_key
 from tests.calibrate.known import model
@@ -109,3 +109,47 @@ def test_admissions_per_step_and_per_admitting_step_from_the_buckets() -> None:
     # A prompt shorter than the bucket edge above the users: steps cannot be told apart, one per step assumed.
     short = synthetic("s", 8, 100, 7.0, TRUE, group=5.0)
     assert admissions(short) == (0.05, 1.0)
+
+
+def mixed_groups(prompts_in_the_top_bucket: float) -> Stage:
+    """The rig's 4-user stage (sweep q3r3, per run): 44 admitting steps of one 241-token prompt, 7 of two and
+    25 of three or four (the 1,024 bucket holds both), between 2,101 decode-only steps."""
+    counters = {
+        "vllm:iteration_tokens_total_count": 2177.0,
+        "vllm:request_prefill_time_seconds_count": 44 + 2 * 7 + prompts_in_the_top_bucket,
+        "vllm:request_prefill_time_seconds_sum": 10.0,
+        "vllm:inter_token_latency_seconds_count": 8000.0,
+        "vllm:inter_token_latency_seconds_sum": 48.0,
+        "vllm:request_inference_time_seconds_sum": 3.64 * 20.0,
+        bucket_key("1.0"): 16.0,
+        bucket_key("8.0"): 2101.0,
+        bucket_key("256.0"): 2145.0,
+        bucket_key("512.0"): 2152.0,
+        bucket_key("1024.0"): 2177.0,
+        bucket_key("+Inf"): 2177.0,
+    }
+    return Stage("c4-p128", 4, 241.0, 64.0, 20.0, 130, {}, counters)
+
+
+def test_groups_of_several_sizes_are_read_from_the_buckets() -> None:
+    """Each bucket names the group size whose tokens fit in it; the 1,024 bucket (three or four prompts) takes
+    the prompts the others leave, within three to four."""
+    assert admission_groups(mixed_groups(75.0)) == (2177.0, [(1.0, 44.0), (2.0, 7.0), (3.0, 25.0)])
+    assert admission_groups(mixed_groups(85.0)) == (2177.0, [(1.0, 44.0), (2.0, 7.0), (3.4, 25.0)])
+    assert admission_groups(mixed_groups(125.0))[1][2] == (4.0, 25.0)  # more than four a step: held at four
+    assert admissions(mixed_groups(75.0)) == (133.0 / 2177.0, 133.0 / 76.0)
+
+
+def test_the_prefill_mean_weights_each_group_by_its_prompts() -> None:
+    """A request's prefill is its group's step: 44 requests waited one 1-prompt step, 14 a 2-prompt step,
+    75 a 3-prompt step; one mean group of 1.75 prompts would price them all alike."""
+    rows = dict((name, row) for name, row, _ in stage_rows(model(), mixed_groups(75.0)))
+    prefill = rows["mean prefill"]
+    assert [(w, shape.seqs) for w, shape in prefill.parts] == [
+        (44.0, pytest.approx(3.64)), (14.0, pytest.approx(3.64)), (75.0, pytest.approx(3.64))]  # fmt: skip
+    weights = [44 * 2.64, 7 * 1.64, 25 * 0.64, 2101 * 3.64]  # decodes beside each group; the decode-only steps
+    assert [w for w, _ in rows["mean ITL"].parts] == [pytest.approx(w) for w in weights]
+    truth = FitResult(values=dict(TRUE), stderr=dict.fromkeys(TRUE, 0.0))
+    one = truth.step(prefill.parts[0][1])
+    three = truth.step(prefill.parts[2][1])
+    assert truth.predict(prefill) == pytest.approx((44 * one + 14 * truth.step(prefill.parts[1][1]) + 75 * three) / 133)

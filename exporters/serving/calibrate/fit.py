@@ -8,9 +8,10 @@ FLOPs and bytes are the roofline's for the model profile (2·P per token, the LM
 attention pairs; the weights streamed once per step plus K and V read and written). Each stage gives two
 rows, both the server's own means over the stage (vLLM's histograms' ``_sum / _count``):
 
-- the mean prefill time (scheduled → first token): the admitting step, k prompts of P tokens (k from vLLM's
-  ``iteration_tokens_total`` buckets) beside R − k decodes, R the stage's mean running requests;
-- the mean inter-token latency: the admitting step and the decode-only step (R decodes at the mean context
+- the mean prefill time (scheduled → first token): the admitting steps, k prompts of P tokens beside R − k
+  decodes, R the stage's mean running requests, for each group size k vLLM's ``iteration_tokens_total``
+  buckets show, weighted by the prompts each admitted;
+- the mean inter-token latency: the admitting steps and the decode-only step (R decodes at the mean context
   P + (N − 1)/2), weighted by the decodes each carried over the stage.
 
 Weighted least squares on relative residuals (each row divided by its observation). The max is fitted by
@@ -104,42 +105,70 @@ def running(stage: Stage) -> float:
     return stage.server_figures().get("mean_running", float(stage.users))
 
 
-def admissions(stage: Stage) -> tuple[float, float]:
-    """(prompts admitted per step, prompts per admitting step). Equal requests in a closed loop move in
-    groups: several prompts join one step. The admitting steps are those whose token count (vLLM's
-    ``iteration_tokens_total`` buckets) is above the smallest bucket edge that holds a decode-only step (at
-    most ``users`` tokens); where that edge does not separate them (a prompt shorter than it), one prompt per
-    admitting step is assumed."""
+def admission_groups(stage: Stage) -> tuple[float, list[tuple[float, float]]]:
+    """(steps, [(prompts k, admitting steps with k prompts), ...]) over the stage. Equal requests in a closed
+    loop move in groups, and not in groups of one size: at 4 users the rig's admitting steps took 1, 2 or 3
+    prompts, a request's prefill is the step of its group, and a mean over requests weights the large groups
+    by their size, so one mean group size misprices the prefill mean. vLLM's ``iteration_tokens_total``
+    buckets give the sizes: a step of k prompts of P tokens beside the other running requests' decodes
+    carries k·P + (R − k) tokens, so each bucket above the smallest edge that holds a decode-only step (at
+    most ``users`` tokens) names the k that fit in it. A bucket that holds several (or none) takes the prompts
+    the unambiguous ones leave, per step, within its range. Where that edge does not separate the admitting
+    steps (a prompt shorter than it), one prompt per admitting step is assumed."""
     steps = stage.counters.get("vllm:iteration_tokens_total_count") or 0.0
     done = stage.counters.get("vllm:request_prefill_time_seconds_count") or 0.0
-    if not steps:
+    if not steps or not done:
+        return steps, []
+    p, users, r = stage.prompt_tokens, stage.users, running(stage)
+    cumulative = bucket_counts(stage.counters)
+    edges = [(edge, count) for edge, count in cumulative if edge >= users]
+    if not edges or edges[0][0] >= p or steps <= edges[0][1]:
+        return steps, [(1.0, done)]
+    classes: list[tuple[list[int], float]] = []  # (candidate k, admitting steps in the bucket)
+    lo, below = edges[0]
+    for hi, count in edges[1:]:
+        if count - below > 0:
+            ks = [k for k in range(1, users + 1) if lo < k * p + max(r - k, 0.0) <= hi]
+            classes.append((ks or list(range(1, users + 1)), count - below))
+        lo, below = hi, count
+    fixed = sum(ks[0] * n for ks, n in classes if len(ks) == 1)
+    open_steps = sum(n for ks, n in classes if len(ks) > 1)
+    per_open = (done - fixed) / open_steps if open_steps else 0.0
+    groups = [(float(ks[0]) if len(ks) == 1 else min(max(per_open, ks[0]), ks[-1]), n) for ks, n in classes]
+    return steps, groups
+
+
+def admissions(stage: Stage) -> tuple[float, float]:
+    """(prompts admitted per step, mean prompts per admitting step), from :func:`admission_groups`."""
+    steps, groups = admission_groups(stage)
+    if not steps or not groups:
         return 0.0, 1.0
-    per_step = done / steps
-    edges = [(edge, count) for edge, count in bucket_counts(stage.counters) if edge >= stage.users]
-    if edges and edges[0][0] < stage.prompt_tokens and steps > edges[0][1]:
-        return per_step, max(1.0, done / (steps - edges[0][1]))
-    return per_step, 1.0
+    admitting = sum(n for _, n in groups)
+    prompts = sum(k * n for k, n in groups)
+    return prompts / steps, prompts / admitting
 
 
 def stage_rows(model: ModelProfile, stage: Stage) -> list[tuple[str, Row, float]]:
-    """(observable, row, observed seconds) of a stage. An inter-token interval is one step that carried the
-    request as a decode: the mean ITL weights the admitting step (k prompts beside R − k decodes) and the
-    decode-only step (R decodes) by how many decodes each carried over the stage."""
-    r, (a, k) = running(stage), admissions(stage)
+    """(observable, row, observed seconds) of a stage. A request's prefill is the admitting step of its group
+    (k prompts beside R − k decodes), the mean over requests weighting each group size by its prompts. An
+    inter-token interval is one step that carried the request as a decode: the mean ITL weights each admitting
+    step and the decode-only step (R decodes) by how many decodes each carried over the stage."""
+    r = running(stage)
+    steps, groups = admission_groups(stage)
     p, n = stage.prompt_tokens, stage.output_tokens
     context = p + (n - 1) / 2
-    admitting = mixed_step(model, max(r - k, 0.0), k, p, context)
     decoding = mixed_step(model, r, 0.0, p, context)
-    steps_a = a / k  # admitting steps per step
+    admitting = [(k, count, mixed_step(model, max(r - k, 0.0), k, p, context)) for k, count in groups]
+    decode_only = max(steps - sum(count for _, count, _ in admitting), 0.0)
     rows: list[tuple[str, Row, float]] = []
     itl = stage.server_mean("vllm:inter_token_latency_seconds")
     if itl is not None:
-        wa, wd = steps_a * max(r - k, 0.0), (1 - steps_a) * r
-        parts = tuple((w, shape) for w, shape in ((wa, admitting), (wd, decoding)) if w > 0) or ((1.0, decoding),)
+        weighted = [(count * max(r - k, 0.0), shape) for k, count, shape in admitting] + [(decode_only * r, decoding)]
+        parts = tuple((w, shape) for w, shape in weighted if w > 0) or ((1.0, decoding),)
         rows.append(("mean ITL", Row(parts), itl))
     prefill = stage.server_mean("vllm:request_prefill_time_seconds")
-    if prefill is not None:
-        rows.append(("mean prefill", Row(((1.0, admitting),)), prefill))
+    if prefill is not None and admitting:
+        rows.append(("mean prefill", Row(tuple((k * count, shape) for k, count, shape in admitting)), prefill))
     return rows
 
 
