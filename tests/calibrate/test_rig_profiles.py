@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadlens.contracts.gpu_profile import load_gpu_profile
 from loadlens.contracts.model_profile import load_model_profile
 from tests.support.paths import ROOT
 from tests.support.vllm_model import CALIBRATION, MAX_POSITIONS, TINY, Shape
@@ -42,3 +43,12 @@ def test_the_parameter_count_matches_the_written_models() -> None:
     """The counts of the two models as written (their safetensors files, counted once by hand)."""
     assert parameters(TINY, 1550) == 692_352
     assert parameters(CALIBRATION, 1550) == 47_223_808
+
+
+@pytest.mark.parametrize("file", ["tiny-llama-cpu-fitted.yaml", "small-llama-cpu-fitted.yaml"])
+def test_the_fitted_profiles_load_as_sim_gpu_profiles(file: str) -> None:
+    """What calibrate wrote from the rig's sweeps (docs/calibration.md, section 4) is a profile the sim serves."""
+    profile = load_gpu_profile(str(ROOT / "benchmarks" / "calibration" / file))
+    assert profile.name == file.removesuffix(".yaml")
+    assert profile.source.startswith("fitted by loadlens calibrate on 2026-12-05")
+    assert profile.compute_efficiency == 1.0 and profile.memory_efficiency == 1.0
