@@ -10,8 +10,9 @@ once per checkout and rebuilt whenever this file changes; a half-written build n
 ``tiny_model(shape=CALIBRATION)`` is the calibration rig's model (docs/calibration.md, section 4): the same
 tokenizer and template, 47.2M parameters (hidden 1024, intermediate 2816, 4 layers, 16 heads, 2 KV heads), no
 adapters. On the 2-core machine its engine step (about 5 ms a decode) is long beside the API server's and the
-client's work on the shared core, so vLLM streams each token as it makes it; the tiny model's 1.5 ms steps
-reach the client in one burst. Its LM head rows of the special tokens are zero: their logit is then 0 where
+client's work on the shared core, so vLLM streams its tokens as it makes them (1 or 2 requests of 20 in one
+burst, ``benchmarks.vllm_bursts --shape calibration``); the tiny model's 1.5 ms steps reach the client in one
+burst. Its LM head rows of the special tokens are zero: their logit is then 0 where
 some other token's is almost surely above it, so greedy decoding never emits a run of special tokens, which
 decode to no text (a stream without content is a failed request to the load generator).
 
