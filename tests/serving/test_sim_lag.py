@@ -8,11 +8,10 @@ mean must agree within 2 %. Before the sim stamped delivery instants, its vLLM T
 (a few ms here) against hundreds of ms seen by the clients.
 
 The server and the clients each run in a process of their own, as they would in use, and the figures are read
-from the server's ``/metrics``: in the pytest process the server shared its interpreter with whatever the
-session had left behind (its heap for the collector, other tests' threads for the GIL), and once in a CI run
-its HTTP layer wrote the first chunks ~0.1 s after the sim had stamped them (client 1,238 ms, gen_ai 1,217
-ms, vLLM 1,111 ms), which is the host's, not the stamping this test is about.
-"""
+from the server's ``/metrics``: once in a run of ``.ci/run``, with the server inside the pytest process after nine
+other tests, its HTTP layer wrote the first chunks ~0.1 s after the sim had stamped them (client 1,238 ms, gen_ai
+1,217 ms, vLLM 1,111 ms; not reproduced since), which is the host process's, not the stamping this test is
+about."""
 
 from __future__ import annotations
 
