@@ -232,6 +232,8 @@ class ExperimentInfo(_Model):
     time_scale: float
     users_scale: float
     analysis: str
+    sample_interval: float | None = None
+    """Seconds between the server samples of a run (``/metrics``); null in results written before it was kept."""
 
 
 class AdapterRecord(_Model):

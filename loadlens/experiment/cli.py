@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     arg(p, "--results", default="results", help="run directories go to RESULTS/experiments/")
     arg(p, "--run-id", help="the experiment directory's name (default NAME-UTCTIMESTAMP)")
     arg(p, "--resume", action="store_true", help="continue the experiment in --run-id after an interrupt")
+    arg(p, "--sample-interval", type=positive_float, help="seconds between the server samples (GET /metrics) "
+        "during a run (default: the experiment's sample_interval, 0.25 unless it says)")  # fmt: skip
     arg(p, "--seed", type=int, help="base of the runs' prompt seeds: run seed = SEED + 1000 x trial index + repeat"
         " - 1, so no two runs send the same prompts (default: a hash of the run id)")  # fmt: skip
     arg(p, "--prometheus", help="passed to loadlens load: server-side and GPU figures per trial")
@@ -172,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         resume=args.resume,
         seed=args.seed,
+        sample_interval=args.sample_interval or exp.spec.sample_interval,
         lora_base=lora_base,
         device=DeviceWatch(_probe_dir(args.device_probe_dir), token=args.api_key)
         if exp.spec.analysis.kind == "multi_lora"

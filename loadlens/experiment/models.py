@@ -173,6 +173,8 @@ class ExperimentSpec(_Model):
     sim: SimServer = Field(default_factory=lambda: SimServer())
     parameters: dict[str, Param] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1, le=100)
+    sample_interval: float = Field(default=0.25, ge=0.05, le=60.0)
+    """Seconds between the runner's ``GET /metrics`` of the server during a run (``--sample-interval``)."""
     warmup: Warmup | None = Field(default_factory=lambda: Warmup())
     adapters: list[AdapterSpec] = Field(default_factory=list)
     """LoRA adapters written before anything runs; trials name the ones they load."""

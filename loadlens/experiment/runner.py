@@ -199,7 +199,8 @@ class ExperimentRunner:
         body = json.dumps(
             {"sha256": self.exp.sha256, "parameters": self.exp.spec.parameters, "repeats": self.opts.repeats,
              "time_scale": self.opts.time_scale, "users_scale": self.opts.users_scale,
-             **({"seed": self.opts.seed} if self.opts.seed is not None else {})},
+             **({"seed": self.opts.seed} if self.opts.seed is not None else {}),
+             **({"sample_interval": self.opts.sample_interval} if self.opts.sample_interval != 0.25 else {})},
             sort_keys=True,
         )  # fmt: skip
         return hashlib.sha256(body.encode()).hexdigest()
@@ -303,6 +304,7 @@ class ExperimentRunner:
                 time_scale=self.opts.time_scale,
                 users_scale=self.opts.users_scale,
                 analysis=spec.analysis.kind,
+                sample_interval=self.opts.sample_interval,
             ),
             server=ServerInfo(**self.server.describe()),
             start_time=_now(),

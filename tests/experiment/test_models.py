@@ -126,6 +126,7 @@ def test_profile_variables_are_typed() -> None:
             " 'search', 'hot_swap', 'lora_rank' or 'multi_lora'",
         ),
         ({"extra": 1}, "exp.yaml: extra: Extra inputs are not permitted"),
+        ({"sample_interval": 0}, "exp.yaml: sample_interval: Input should be greater than or equal to 0.05"),
     ],
 )
 def test_mistakes_name_the_field(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
@@ -169,6 +170,7 @@ def test_cli_rejects_a_bad_profile_inside_the_experiment(tmp_path: Path, capsys:
             " fairness, hot-swap, lora-rank, multi-lora, seed-benchmark, slo-search, token-budget) or file",
         ),
         (["fairness", "--resume"], "--resume needs --run-id (the experiment directory to continue)"),
+        (["training-stability", "--sample-interval", "2"], "--sample-interval: a training experiment starts no server"),
         (
             ["fairness", "--server-command", "x"],
             "--server-command needs --server-url (where the started server answers)",
@@ -188,3 +190,10 @@ def test_list_and_dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["1", "fcfs", "profile", "mix", "scheduling_policy=fcfs"]
     assert out[-1] == f"2 trials x 1 repeats -> {tmp_path}/experiments/f/experiment_result.json"
+
+
+def test_the_sample_interval_is_the_experiments_unless_the_flag_says() -> None:
+    """calibration-sweep samples the server once a second (four times moved the CPU rig's 2-user TTFT median),
+    every other packaged experiment four times a second."""
+    assert load_experiment("calibration-sweep").spec.sample_interval == 1.0
+    assert load_experiment("fairness").spec.sample_interval == 0.25

@@ -178,8 +178,11 @@ def test_calibration_sweep_records_the_engine_counters_on_the_sim(tmp_path: Path
     """Two stages (one per ladder) on the sim: each run's server sample carries the increases of vLLM's
     engine counters over its measured window, consistent with the client's count of requests and tokens
     (what ``loadlens calibrate`` reads, docs/calibration.md)."""
+    # Stages of 2 s: samples four times a second (the sweep's own once a second could leave one sample in one).
     result, _ = run_experiment(tmp_path, "calibration-sweep", "--time-scale", "0.1", "--param", "concurrency=2",
-                               "--param", "prompt_lengths=32", "--param", "output=16", speed="1")  # fmt: skip
+                               "--param", "prompt_lengths=32", "--param", "output=16", "--sample-interval", "0.25",
+                               speed="1")  # fmt: skip
+    assert result.experiment.sample_interval == 0.25
     assert [(t.name, t.params, t.status) for t in result.trials] == [
         ("c2-p128", {"users": 2, "prompt_tokens": 128}, "done"),
         ("p32-c2", {"prompt_tokens": 32, "users": 2}, "done"),

@@ -23,7 +23,15 @@ from loadlens.experiment.training.runner import TrainingRunner
 from loadlens.experiment.training.spec import load_training
 from loadlens.util.cliutil import UsageError
 
-SERVER_FLAGS = ("host", "server_command", "server_url", "prometheus", "lora_base", "device_probe_dir")
+SERVER_FLAGS = (
+    "host",
+    "server_command",
+    "server_url",
+    "prometheus",
+    "lora_base",
+    "device_probe_dir",
+    "sample_interval",
+)
 
 
 def run_training(args: argparse.Namespace, path: Path, printer: Callable[[ExperimentResult], None]) -> int:
