@@ -166,6 +166,10 @@ class Search(_Model):
         return self
 
 
+SAMPLE_INTERVAL_S = 0.25
+"""An experiment's ``sample_interval`` unless it gives one."""
+
+
 class ExperimentSpec(_Model):
     version: Literal[1]
     name: str
@@ -173,7 +177,7 @@ class ExperimentSpec(_Model):
     sim: SimServer = Field(default_factory=lambda: SimServer())
     parameters: dict[str, Param] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1, le=100)
-    sample_interval: float = Field(default=0.25, ge=0.05, le=60.0)
+    sample_interval: float = Field(default=SAMPLE_INTERVAL_S, ge=0.05, le=60.0)
     """Seconds between the runner's ``GET /metrics`` of the server during a run (``--sample-interval``)."""
     warmup: Warmup | None = Field(default_factory=lambda: Warmup())
     adapters: list[AdapterSpec] = Field(default_factory=list)

@@ -45,7 +45,7 @@ from loadlens.contracts.experiment_result import (
 from loadlens.contracts.slo import load_slos
 from loadlens.experiment.device import DeviceWatch
 from loadlens.experiment.figures import aggregate, extract_figures, measured_windows
-from loadlens.experiment.models import Experiment, ExperimentError, PlannedTrial, substitute
+from loadlens.experiment.models import SAMPLE_INTERVAL_S, Experiment, ExperimentError, PlannedTrial, substitute
 from loadlens.experiment.sampler import ServerSampler
 from loadlens.experiment.servers import ServerControl, ServerError
 from loadlens.experiment.swap_driver import SwapDriver
@@ -65,7 +65,7 @@ class RunOptions:
     model: str | None = None
     api_key: str | None = None
     resume: bool = False
-    sample_interval: float = 0.25
+    sample_interval: float = SAMPLE_INTERVAL_S
     lora_base: str | None = None
     """The base model the experiment's adapters are made for (config.json, model directory, sim profile)."""
     device: DeviceWatch | None = None  # multi_lora: VRAM steps per adapter and utilisation (experiment/device.py)
@@ -196,11 +196,13 @@ class ExperimentRunner:
     # --- before anything runs -----------------------------------------------------------------------------
 
     def _fingerprint(self) -> str:
+        # --seed and a sample interval are in it only when set, so results written before them still resume.
+        extra: dict[str, object] = {} if self.opts.seed is None else {"seed": self.opts.seed}
+        if self.opts.sample_interval != SAMPLE_INTERVAL_S:
+            extra["sample_interval"] = self.opts.sample_interval
         body = json.dumps(
             {"sha256": self.exp.sha256, "parameters": self.exp.spec.parameters, "repeats": self.opts.repeats,
-             "time_scale": self.opts.time_scale, "users_scale": self.opts.users_scale,
-             **({"seed": self.opts.seed} if self.opts.seed is not None else {}),
-             **({"sample_interval": self.opts.sample_interval} if self.opts.sample_interval != 0.25 else {})},
+             "time_scale": self.opts.time_scale, "users_scale": self.opts.users_scale, **extra},
             sort_keys=True,
         )  # fmt: skip
         return hashlib.sha256(body.encode()).hexdigest()
