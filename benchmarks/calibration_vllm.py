@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from tests.support.paths import ROOT
-from tests.support.vllm_model import SERVED_NAME, SHAPES, tiny_model
+from tests.support.vllm_model import SERVED_NAME, SHAPES, rig_model
 from tests.support.vllm_server import vllm_server
 
 MODEL_PROFILES = {"tiny": "tiny-llama.yaml", "calibration": "small-llama.yaml"}
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="runs per stage (passed on to the experiment)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="calibration", help="the served model's shape")
     args = p.parse_args(argv)
-    model = tiny_model(ranks=(), shape=SHAPES[args.shape]) if args.shape != "tiny" else tiny_model()
+    model = rig_model(args.shape)
     log = Path(args.results) / "experiments" / f"{args.run_id}-vllm.log"
     with vllm_server(model, log_path=log) as server:
         print(f"vLLM healthy at {server.url} after {server.startup_s:.1f} s (log {log})", flush=True)

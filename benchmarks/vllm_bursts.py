@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.vllm_model import SERVED_NAME, SHAPES, tiny_model
+from tests.support.vllm_model import SERVED_NAME, SHAPES, rig_model
 from tests.support.vllm_server import vllm_server
 
 BURST_S = 1e-4
@@ -56,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=30)
     p.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the served model's shape")
     args = p.parse_args(argv)
-    model = tiny_model() if args.shape == "tiny" else tiny_model(ranks=(), shape=SHAPES[args.shape])
-    with vllm_server(model, log_path=Path("results/vllm-bursts.log")) as server:
+    with vllm_server(rig_model(args.shape), log_path=Path("results/vllm-bursts.log")) as server:
         for _ in range(3):
             one(server.url)  # warm-up
         series(server.url, "alone", args.requests)

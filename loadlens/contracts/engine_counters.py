@@ -27,13 +27,17 @@ HISTOGRAMS = (
     "vllm:request_decode_time_seconds",
     "vllm:request_inference_time_seconds",
 )
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+"""Prompt tokens looked up in the prefix cache."""
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+"""Prompt tokens the prefix cache served."""
 COUNTERS = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
     "vllm:request_success_total",
     "vllm:num_preemptions_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
 )
 ENGINE_COUNTERS: frozenset[str] = frozenset(
     [f"{h}_sum" for h in HISTOGRAMS] + [f"{h}_count" for h in HISTOGRAMS] + list(COUNTERS)

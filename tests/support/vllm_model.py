@@ -154,6 +154,12 @@ def tiny_model(cache_dir: Path | None = None, ranks: Sequence[int] = RANKS, shap
     return model
 
 
+def rig_model(shape: str = TINY.name) -> TinyModel:
+    """The model of the shape named, as the benchmarks serve it: the tiny one with its adapters, any other
+    without (the calibration rig loads none)."""
+    return tiny_model() if shape == TINY.name else tiny_model(ranks=(), shape=SHAPES[shape])
+
+
 def _build(model: TinyModel, shape: Shape) -> None:
     import torch
 

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadlens.contracts.engine_counters import SPAN
+from loadlens.contracts.engine_counters import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, SPAN
 from loadlens.contracts.experiment_result import ExperimentResult
 from loadlens.contracts.kv_capacity import KvCapacity
 
@@ -56,7 +56,7 @@ class Stage:
         """The share of the prompt tokens looked up in the server's prefix cache that it served from there
         (``vllm:prefix_cache_hits_total`` / ``..._queries_total`` increases); None where the server does not
         count them."""
-        queries, hits = self.counters.get(PREFIX_QUERIES), self.counters.get(PREFIX_HITS)
+        queries, hits = self.counters.get(PREFIX_CACHE_QUERIES), self.counters.get(PREFIX_CACHE_HITS)
         return hits / queries if queries and hits is not None else None
 
     def server_mean(self, histogram: str) -> float | None:
@@ -65,8 +65,6 @@ class Stage:
         return total / count if total is not None and count else None
 
 
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_HIT_LIMIT = 0.02
 """Above this share of prompt tokens served from the prefix cache a stage's prefills were shorter than its
 prompts: the fit prices every prompt token as computed, so calibrate warns (docs/calibration.md)."""
