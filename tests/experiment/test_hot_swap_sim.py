@@ -77,8 +77,13 @@ def test_a_slow_adapter_load_breaks_the_sla_and_a_fast_one_passes(tmp_path: Path
         assert [t.params["mode"] for t in result.trials] == ["scheduled", "on-demand"]
         table = rows(result)
         for trial in ("scheduled", "on-demand"):
-            # the requests that ended between the stage's first and last /metrics sample (0.25 s apart): most
-            assert table[(trial, "all")]["requests"] >= 30
+            # The requests that ended between the stage's first and last /metrics sample (0.25 s apart): a sample
+            # of the stage's requests whose size is a timing (a burst after a swap can fall after the last
+            # sample), so some were counted and no more than could have ended in the stage: its own and the
+            # warm-up's two closed-loop users' last requests.
+            (trial_run,) = next(t for t in result.trials if t.name == trial).runs
+            ended = (trial_run.figures["completed"] or 0.0) + (trial_run.figures["failed"] or 0.0) + 2
+            assert 0 < table[(trial, "all")]["requests"] <= ended
             assert table[(trial, "all")]["swaps"] >= 1
             assert {model: r["rank"] for (t, model), r in table.items() if t == trial} == {
                 "all": None, "lora-a": 64, "lora-b": 32, "lora-c": 16,
