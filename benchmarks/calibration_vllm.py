@@ -1,13 +1,13 @@
 """One calibration sweep against the real vLLM CPU rig (docs/calibration.md).
 
 Run: ``python -m benchmarks.calibration_vllm [--results DIR] [--run-id ID] [--shape calibration|tiny]
-[--time-scale X] [--repeats N]`` (needs ``.venv-vllm``, docs/real-vllm.md). It builds the model of the shape
-(``tests/support/vllm_model.py``; default ``calibration``, 47.2M parameters, whose engine steps are long enough
-for vLLM to stream each token on the 2-core machine; ``tiny`` is the test suite's), starts one vLLM
-(``tests/support/vllm_server.py``: its own process group, killed on exit), runs ``loadlens experiment
+[--time-scale X] [--repeats N] [--sample-interval S]`` (needs ``.venv-vllm``, docs/real-vllm.md). It builds
+the model of the shape (``tests/support/vllm_model.py``; default ``calibration``, 47.2M parameters, whose engine
+steps are long enough for vLLM to stream each token on the 2-core machine; ``tiny`` is the test suite's), starts
+one vLLM (``tests/support/vllm_server.py``: its own process group, killed on exit), runs ``loadlens experiment
 calibration-sweep --host URL --model tiny-llama`` against it and prints the experiment's result path and the
 ``loadlens calibrate`` command that fits the sim to it, with the shape's model profile
-(``benchmarks/calibration/``).
+(``benchmarks/calibration/``) and the rig's scheduler limits (``vllm_server.SCHEDULER_LIMITS``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import vllm_server as rig
 from tests.support.paths import ROOT
 from tests.support.vllm_model import SERVED_NAME, SHAPES, rig_model
 from tests.support.vllm_server import vllm_server
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", default="1")
     p.add_argument("--param", action="append", default=[], help="passed on to the experiment")
     p.add_argument("--repeats", type=int, default=None, help="runs per stage (passed on to the experiment)")
+    p.add_argument("--sample-interval", type=float, default=None, help="seconds between /metrics reads (passed on)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="calibration", help="the served model's shape")
     args = p.parse_args(argv)
     model = rig_model(args.shape)
@@ -45,12 +47,16 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--param", param]
         if args.repeats is not None:
             cmd += ["--repeats", str(args.repeats)]
+        if args.sample_interval is not None:
+            cmd += ["--sample-interval", f"{args.sample_interval:g}"]
         code = subprocess.call(cmd, cwd=ROOT)
     result = Path(args.results) / "experiments" / args.run_id
     print(f"result: {result / 'experiment_result.json'}")
     profile = ROOT / "benchmarks" / "calibration" / MODEL_PROFILES[args.shape]
     print(
         f"fit: loadlens calibrate {result} --model-profile {profile.relative_to(ROOT)} --hold-out c4-p128 p192-c2"
+        f" --max-num-seqs {rig.SCHEDULER_LIMITS['max_num_seqs']}"
+        f" --max-num-batched-tokens {rig.SCHEDULER_LIMITS['max_num_batched_tokens']}"
         f" --profile {args.run_id}.yaml --json {args.run_id}.json"
     )
     return code

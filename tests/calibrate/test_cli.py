@@ -39,7 +39,15 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     assert stated is not None and stated.block_size == 16
     assert profile.default_knobs["num_gpu_blocks"] == stated.blocks
     assert profile.frontend_fixed_seconds > 0 and profile.frontend_per_running_seconds > 0
+    # No scheduler limits given: the base profile's (h100-sxm: vLLM's defaults on that card), said so.
+    assert (profile.default_knobs["max_num_seqs"], profile.default_knobs["max_num_batched_tokens"]) == (1024, 8192)
     doc = json.loads(report.read_text())
+    assert doc["scheduler"] == {
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 8192,
+        "source": "the base profile h100-sxm's: vLLM does not export them, so pass the server's with "
+        "--max-num-seqs and --max-num-batched-tokens",
+    }
     assert [r["stage"] for r in doc["predictions"]] == STAGES
     assert [r["set"] for r in doc["predictions"]] == ["fit"] * 4 + ["held-out"]
     assert set(doc["not_identified"]) == {"s_per_byte"}
@@ -85,6 +93,47 @@ def test_a_stage_whose_prompts_were_cached_is_warned_about(
     assert written["prefix_cache_hit_ratio"][STAGES[1]] == pytest.approx(0.3)
 
 
+def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
+    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
+                 "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--json", str(report)])  # fmt: skip
+    assert code == 0
+    knobs = load_gpu_profile(str(out)).default_knobs
+    assert (knobs["max_num_seqs"], knobs["max_num_batched_tokens"]) == (128, 2048)
+    assert json.loads(report.read_text())["scheduler"] == {
+        "max_num_seqs": 128, "max_num_batched_tokens": 2048,
+        "source": "given (--max-num-seqs, --max-num-batched-tokens)",
+    }  # fmt: skip
+    line = "scheduler limits: max_num_seqs 128, max_num_batched_tokens 2048 (given (--max-num-seqs, "
+    assert line + "--max-num-batched-tokens))" in capsys.readouterr().out.splitlines()
+    # One given, the other the base profile's.
+    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
+                 "--max-num-batched-tokens", "4096", "--json", str(report)])  # fmt: skip
+    assert code == 0
+    assert json.loads(report.read_text())["scheduler"] == {
+        "max_num_seqs": 1024, "max_num_batched_tokens": 4096,
+        "source": "--max-num-batched-tokens given, the other the base profile h100-sxm's",
+    }  # fmt: skip
+    # A step budget too small to bite does not change the replay; one that chunks every prompt does.
+    small = tmp_path / "small.json"
+    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(tmp_path / "s.yaml"),
+                 "--max-num-seqs", "16", "--max-num-batched-tokens", "64", "--json", str(small)])  # fmt: skip
+    assert code == 0
+    big = tmp_path / "big.json"
+    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(tmp_path / "b.yaml"),
+                 "--json", str(big)])  # fmt: skip
+    assert code == 0
+
+    def ttft(path: Path, stage: str) -> float:
+        (row,) = [r for r in json.loads(path.read_text())["predictions"] if r["stage"] == stage]
+        return float(row["sim"]["median_ttft_ms"])
+
+    # p600-c2's 600-token prompts take ten 64-token steps each: its first token comes later.
+    assert ttft(small, "p600-c2") > ttft(big, "p600-c2")
+
+
 def _code_and_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     code = main(argv)
     return code, capsys.readouterr().err.strip().splitlines()[-1]
@@ -121,6 +170,17 @@ def test_unusable_input_exits_2_with_one_line(sweep: Path, tmp_path: Path, capsy
         "after it), or calibrate from loadlens experiment calibration-sweep")  # fmt: skip
     assert _code_and_error(["calibrate", bench, *base, "--prometheus", "http://127.0.0.1:9"], capsys)[1].endswith(
         "not a loadlens benchmark_result.json (schema is not loadlens.benchmark_result)")  # fmt: skip
+    assert _code_and_error(
+        ["calibrate", str(sweep), *base, "--max-num-seqs", "64", "--max-num-batched-tokens", "32"], capsys
+    ) == (  # fmt: skip
+        2,
+        "loadlens calibrate: error: --max-num-batched-tokens 32 is below max_num_seqs 64 (vLLM refuses that too)",
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", str(sweep), *base, "--max-num-seqs", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --max-num-seqs: must be at least 1, got 0")  # fmt: skip
     assert _code_and_error(["calibrate", str(sweep), *base, "--hold-out", "c9"], capsys) == (
         2, "loadlens calibrate: error: --hold-out c9: no such stage (stages: c1-p240, c6-p240, p360-c4, p40-c2, "
         "p600-c2)")  # fmt: skip

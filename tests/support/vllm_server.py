@@ -35,6 +35,9 @@ from tests.support.vllm_model import SERVED_NAME, TinyModel
 VENV_ENV = "LOADLENS_VLLM_VENV"
 """Where vLLM's environment is (default ``.venv-vllm`` in the checkout; `make vllm-env` makes it)."""
 MAX_MODEL_LEN = 1024
+SCHEDULER_LIMITS: dict[str, int] = {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
+"""The rig's scheduler limits: the rig sets neither, so vLLM 0.32's CPU-build API-server defaults
+(tests/vllm/test_batch_defaults.py reads them from vLLM); vLLM does not export them, so calibrate is told."""
 ENV: dict[str, str] = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: ample for 1,024-token sequences of this model
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # /v1/load_lora_adapter and /v1/unload_lora_adapter

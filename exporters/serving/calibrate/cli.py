@@ -32,8 +32,9 @@ from exporters.serving.calibrate.observations import (
 )
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import replay, stage_load
+from exporters.serving.engines.sim.knob_plan import startup_knobs
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE
-from loadlens.contracts.gpu_profile import load_gpu_profile
+from loadlens.contracts.gpu_profile import GPUProfile, load_gpu_profile
 from loadlens.contracts.model_profile import load_model_profile
 from loadlens.contracts.profile_schema import ProfileError
 from loadlens.util.cliutil import UsageError
@@ -76,6 +77,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--base-gpu-profile", default="h100-sxm",
                    help="fields not fitted (memory, power, LoRA, thermal) come from this profile")  # fmt: skip
     p.add_argument("--name", help="the written profile's name (default: the file's stem)")
+    p.add_argument(
+        "--max-num-seqs",
+        type=_positive,
+        metavar="N",
+        help="the server's max_num_seqs as it ran (vLLM "
+        "does not export it; its default depends on the card: docs/calibration.md); default: the base "
+        "GPU profile's",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive,
+        metavar="N",
+        help="the server's step token budget as it ran (likewise); default: the base GPU profile's",
+    )
     p.add_argument("--hold-out", nargs="+", default=[], metavar="STAGE", help="stages left out of the fit")
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
                    help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip
@@ -84,6 +99,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "constant (the mean over the fitted stages) instead of growing with the stage's users")  # fmt: skip
     p.add_argument("--json", type=Path, help="also write the whole report as JSON to this file")
     p.set_defaults(handler=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def scheduler_limits(args: argparse.Namespace, base: GPUProfile) -> tuple[dict[str, int], str]:
+    """The server's ``max_num_seqs`` and ``max_num_batched_tokens`` for the profile and the replay, and where
+    they came from: the flags, else the base profile's (its ``default_knobs``, else the sim's defaults)."""
+    knobs = startup_knobs(base)
+    given = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
+    limits = {k: v if v is not None else int(getattr(knobs, k)) for k, v in given.items()}
+    if limits["max_num_batched_tokens"] < limits["max_num_seqs"]:
+        raise UsageError(
+            f"--max-num-batched-tokens {limits['max_num_batched_tokens']} is below max_num_seqs "
+            f"{limits['max_num_seqs']} (vLLM refuses that too)"
+        )
+    flagged = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
+    if len(flagged) == 2:
+        source = "given (--max-num-seqs, --max-num-batched-tokens)"
+    elif flagged:
+        source = f"{flagged[0]} given, the other the base profile {base.name}'s"
+    else:
+        source = (f"the base profile {base.name}'s: vLLM does not export them, so pass the server's with "
+                  "--max-num-seqs and --max-num-batched-tokens")  # fmt: skip
+    return limits, source
 
 
 def _snapshots(args: argparse.Namespace) -> tuple[Path, Path] | None:
@@ -223,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         base = load_gpu_profile(args.base_gpu_profile)
     except (CalibrationInputError, ProfileError) as err:
         raise UsageError(str(err)) from err
+    limits, limits_source = scheduler_limits(args, base)
     known = {s.name for s in stages}
     unknown = [h for h in args.hold_out if h not in known]
     if unknown:
@@ -251,15 +299,17 @@ def run(args: argparse.Namespace) -> int:
         f"(stages {', '.join(s.name for s in fit_stages)}; model profile {model.name})"
     )
     try:
-        step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks)
+        step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks, scheduler=limits)
         frontend = fit_frontend_replayed(model, step_only, fit_stages, args.fix, _say, outside)
-        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend)
+        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend, scheduler=limits)
     except OSError as err:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
     except ProfileError as err:
         raise UsageError(f"the fitted profile does not load: {err}") from err
     print_fit(result, overhead, frontend)
     print(f"\nKV capacity: {kv.reason}")
+    print(f"\nscheduler limits: max_num_seqs {limits['max_num_seqs']}, max_num_batched_tokens "
+          f"{limits['max_num_batched_tokens']} ({limits_source})")  # fmt: skip
     print(f"\nprofile: {args.profile} (loadlens serve --engine sim --model-profile {args.model_profile} "
           f"--gpu-profile {args.profile})")  # fmt: skip
     report: dict[str, object] = {
@@ -279,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
             "sim_num_gpu_blocks": kv.sim_blocks,
             "reason": kv.reason,
         },
+        "scheduler": {**limits, "source": limits_source},
         "rows": [{"stage": a, "observable": b, "observed_s": c, "fitted_s": d} for a, b, c, d in result.rows],
         "frontend_rows": [
             {"stage": a, "mean_running": b, "queue_s": frontend.queues[a], "observed_s": c, "fitted_s": d}

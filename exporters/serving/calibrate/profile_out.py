@@ -7,7 +7,9 @@ profile's existing fields:
 - ``peak_tensor_flops`` = 1 / seconds per FLOP with ``compute_efficiency`` 1;
 - ``hbm_bytes_per_s`` = 1 / seconds per byte moved (weights + K and V) with ``memory_efficiency`` 1;
 - ``default_knobs.insertion_overhead_us``;
-- ``default_knobs.num_gpu_blocks``, the KV capacity the server stated (``kv.py``), where it stated one.
+- ``default_knobs.num_gpu_blocks``, the KV capacity the server stated (``kv.py``), where it stated one;
+- ``default_knobs.max_num_seqs`` and ``max_num_batched_tokens``, the server's scheduler limits (given to
+  calibrate, or the base profile's);
 - ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``, the frontend fit's (absent: 0).
 
 A term the data did not identify is written as free: ``peak_tensor_flops`` or ``hbm_bytes_per_s`` 1e30 (the
@@ -35,6 +37,7 @@ def profile_document(
     source: str,
     kv_blocks: int | None = None,
     frontend: FrontendFit | None = None,
+    scheduler: dict[str, int] | None = None,
 ) -> dict[str, object]:
     doc: dict[str, object] = yaml.safe_load(Path(base.path).read_text(encoding="utf-8"))
     v = fit.values
@@ -51,6 +54,7 @@ def profile_document(
     knobs["insertion_overhead_us"] = round(v["insertion_s"] * 1e6, 3)
     if kv_blocks is not None:
         knobs["num_gpu_blocks"] = kv_blocks
+    knobs.update(scheduler or {})
     doc["default_knobs"] = knobs
     f = frontend.values if frontend is not None else {}
     doc["frontend_fixed_seconds"] = float(f"{f.get('frontend_fixed_s', 0.0):.6g}")
@@ -66,9 +70,10 @@ def write_profile(
     source: str,
     kv_blocks: int | None = None,
     frontend: FrontendFit | None = None,
+    scheduler: dict[str, int] | None = None,
 ) -> GPUProfile:
     """Write the profile and load it back through the sim's loader (strict validation)."""
-    doc = profile_document(fit, base, name, source, kv_blocks, frontend)
+    doc = profile_document(fit, base, name, source, kv_blocks, frontend, scheduler)
     header = "# Written by `loadlens calibrate` (docs/calibration.md); a sim GPU profile.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110), encoding="utf-8")

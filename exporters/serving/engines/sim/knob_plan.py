@@ -49,6 +49,12 @@ def startup_state(model: ModelProfile, gpu: GPUProfile, knobs: Mapping[str, Any]
     return KnobState(dataclasses.replace(k, num_gpu_blocks=blocks), override)
 
 
+def startup_knobs(gpu: GPUProfile) -> Knobs:
+    """The knobs a sim on ``gpu`` starts with before any model profile or user setting: the defaults and the GPU
+    profile's ``default_knobs`` (a card's own scheduler limits, as vLLM picks them per card)."""
+    return _profile_knobs(Knobs(), gpu.default_knobs, gpu.path)
+
+
 def plan_change(
     state: KnobState,
     changes: Mapping[str, Any],
