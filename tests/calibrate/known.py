@@ -52,12 +52,13 @@ def hidden_profile(tmp: Path, frontend: bool = True) -> GPUProfile:
     )
 
 
-def observe(gpu: GPUProfile, names: list[str]) -> list[Stage]:
-    """Each stage as calibrate reads a sweep's trial: client figures and engine counter increases."""
+def observe(gpu: GPUProfile, names: list[str], delivery_noise_s: float = 0.0) -> list[Stage]:
+    """Each stage as calibrate reads a sweep's trial: client figures and engine counter increases; with
+    ``delivery_noise_s``, a host that delays each token on its way to the client (delivery_noise.py)."""
     stages = []
     for name in names:
         load = LOADS[name]
-        got = replay(model(), gpu, load)
+        got = replay(model(), gpu, load, delivery_noise_s=delivery_noise_s)
         figs = {k: v for k, v in got.figures.items() if v is not None}
         stages.append(
             Stage(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporters.serving.calibrate.frontend_fit import SPLIT
+from exporters.serving.calibrate.ranks import PERCENTILES
 from loadlens.cli import main
 from loadlens.contracts.gpu_profile import load_gpu_profile
 from tests.calibrate.known import MODEL, experiment_doc, hidden_profile, observe
@@ -58,8 +59,16 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
         "reason": f"stated by the server: {stated.blocks} blocks of 16 tokens = {stated.tokens} tokens, "
         f"{stated.blocks} of the sim's 16-token blocks",
     }
+    # The known sweep's "server" had no host between its engine and its client: little delivery noise found.
+    assert set(doc["delivery_noise"]) == {"mean_s", "per_stage_s", "model"}
+    assert set(doc["delivery_noise"]["per_stage_s"]) == set(STAGES) - {"p360-c4"}
+    assert 0 <= doc["delivery_noise"]["mean_s"] < 0.0001
+    for row in doc["predictions"]:
+        assert set(row["ranks"]) == set(PERCENTILES)
+        assert all(0 <= r["rank"] <= 1 and r["samples"] > 0 for r in row["ranks"].values())
     printed = capsys.readouterr().out
     assert "s_per_byte       not identified: no step of the data is bound by this term" in printed
+    assert "per stage, where each real client percentile falls in the sim's distribution" in printed
     assert f"(frontend_fixed_s: {SPLIT})" in printed
     assert [r["stage"] for r in doc["frontend_rows"]] == STAGES[:4]
     assert "worst |error| over held-out stages:" in printed
@@ -98,16 +107,22 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
 ) -> None:
     out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
     code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
-                 "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--json", str(report)])  # fmt: skip
+                 "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--no-delivery-noise",
+                 "--json", str(report)])  # fmt: skip
     assert code == 0
     knobs = load_gpu_profile(str(out)).default_knobs
     assert (knobs["max_num_seqs"], knobs["max_num_batched_tokens"]) == (128, 2048)
+    assert json.loads(report.read_text())["delivery_noise"] == {
+        "mean_s": 0.0, "per_stage_s": {}, "model": "none (--no-delivery-noise)"}  # fmt: skip
     assert json.loads(report.read_text())["scheduler"] == {
         "max_num_seqs": 128, "max_num_batched_tokens": 2048,
         "source": "given (--max-num-seqs, --max-num-batched-tokens)",
     }  # fmt: skip
     line = "scheduler limits: max_num_seqs 128, max_num_batched_tokens 2048 (given (--max-num-seqs, "
-    assert line + "--max-num-batched-tokens))" in capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr().out.splitlines()
+    assert line + "--max-num-batched-tokens))" in printed
+    assert ("delivery noise (the host's delay between the engine and the client; the replay adds it; not in the "
+            "profile): none (--no-delivery-noise)") in printed  # fmt: skip
     # One given, the other the base profile's.
     code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
                  "--max-num-batched-tokens", "4096", "--json", str(report)])  # fmt: skip

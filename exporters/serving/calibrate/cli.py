@@ -20,6 +20,7 @@ from pathlib import Path
 
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.client_overhead import ClientOverhead, Line, fit_client_overhead
+from exporters.serving.calibrate.delivery_noise import DeliveryNoise, fit_delivery_noise
 from exporters.serving.calibrate.fit import PARAMS, FitResult, fit
 from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend_replayed
 from exporters.serving.calibrate.kv import kv_decision
@@ -31,6 +32,7 @@ from exporters.serving.calibrate.observations import (
     read_stages,
 )
 from exporters.serving.calibrate.profile_out import write_profile
+from exporters.serving.calibrate.ranks import PERCENTILES, percentile_ranks
 from exporters.serving.calibrate.replay import replay, stage_load
 from exporters.serving.engines.sim.knob_plan import startup_knobs
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE
@@ -53,6 +55,8 @@ GOAL = {"median_ttft_ms": 0.10, "median_itl_ms": 0.10, "output_throughput": 0.10
         "p99_itl_ms": 0.20, "server_mean_ttft_ms": 0.10, "server_mean_itl_ms": 0.10,
         "server_output_throughput": 0.10}  # fmt: skip
 """Issue 25's goal per figure: |error| at most this (medians, means and throughput 10 %, P99 20 %)."""
+RANKED = [(key, label) for key, label in VIEWS["client"] if key in PERCENTILES]
+"""The client percentile figures whose real values are placed in the sim's distribution (ranks.py)."""
 UNITS = {"s_per_flop": "s/FLOP", "s_per_byte": "s/byte"}
 FIXABLE = (*PARAMS[1:], *FRONTEND_PARAMS)
 """What ``--fix`` may hold at 0: every step-time parameter but the fixed step cost, and both frontend ones."""
@@ -97,6 +101,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-predict", action="store_true", help="fit and write only; no replay on the sim")
     p.add_argument("--constant-client-overhead", action="store_true", help="model the time outside vLLM as one "
                    "constant (the mean over the fitted stages) instead of growing with the stage's users")  # fmt: skip
+    p.add_argument(
+        "--no-delivery-noise",
+        action="store_true",
+        help="replay without the host's delivery noise "
+        "between the engine and the client (docs/calibration.md, Delivery noise)",
+    )
     p.add_argument("--json", type=Path, help="also write the whole report as JSON to this file")
     p.set_defaults(handler=run)
 
@@ -248,6 +258,17 @@ def print_errors(rows: list[dict[str, object]], view: str) -> None:
         print(f"  {row['stage']!s:<14} {row['set']!s:<8} " + " ".join(f"{c:>24}" for c in cells))
 
 
+def print_ranks(rows: list[dict[str, object]]) -> None:
+    print("\nper stage, where each real client percentile falls in the sim's distribution (the share of the sim's "
+          "samples at or below it; a right distribution gives 0.50 for a P50, 0.99 for a P99)")  # fmt: skip
+    print(f"  {'stage':<14} {'set':<8} " + " ".join(f"{label:>9}" for key, label in RANKED))
+    for row in rows:
+        ranks = row["ranks"]
+        assert isinstance(ranks, dict)
+        cells = [f"{ranks[key]['rank']:.3f}" if key in ranks else "-" for key, _ in RANKED]
+        print(f"  {row['stage']!s:<14} {row['set']!s:<8} " + " ".join(f"{c:>9}" for c in cells))
+
+
 def goal_summary(rows: list[dict[str, object]], which: str) -> dict[str, float | None]:
     """The largest |error| per goal figure over the stages of one set."""
     worst: dict[str, float | None] = {}
@@ -285,12 +306,15 @@ def run(args: argparse.Namespace) -> int:
     result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say)
     overhead = fit_client_overhead(fit_stages, args.constant_client_overhead)
 
+    delivery_s = 0.0  # fitted below, once the profile is
+
     def outside(s: Stage) -> tuple[float, float]:
-        """The stage's client overhead and turnaround for the replay (client_overhead.py)."""
+        """The stage's client overhead and turnaround for the replay (client_overhead.py); the delivery noise's
+        mean delay is part of the time outside vLLM, so the overhead before arrival is that much less."""
         if overhead is None:
             return 0.0, 0.0
         turn = overhead.turnaround.at(s.users) if overhead.turnaround is not None else 0.0
-        return overhead.outside.at(s.users), turn
+        return max(0.0, overhead.outside.at(s.users) - delivery_s), turn
 
     kv = kv_decision(stages)  # the server's configuration, the same in held-out stages
     name = args.name or args.profile.stem
@@ -306,7 +330,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
     except ProfileError as err:
         raise UsageError(f"the fitted profile does not load: {err}") from err
+    if args.no_delivery_noise:
+        noise = DeliveryNoise(0.0, {}, "none (--no-delivery-noise)")
+    else:
+        quiet: dict[str, dict[str, float | None]] = {}
+        for i, s in enumerate(fit_stages, 1):
+            _say(f"calibrate: delivery noise: replaying fitted stage {i}/{len(fit_stages)} {s.name} without it")
+            gap, turn = outside(s)
+            quiet[s.name] = replay(model, gpu, stage_load(s), client_overhead_s=gap, turnaround_s=turn).figures
+        noise = fit_delivery_noise({s.name: s.figures for s in fit_stages}, quiet)
+    delivery_s = noise.mean_s
     print_fit(result, overhead, frontend)
+    print(f"\ndelivery noise (the host's delay between the engine and the client; the replay adds it; not in the "
+          f"profile): {noise.note}")  # fmt: skip
+    if noise.per_stage_s:
+        print("  per stage, ms: " + ", ".join(f"{k} {v * 1000:.2f}" for k, v in noise.per_stage_s.items()))
     print(f"\nKV capacity: {kv.reason}")
     print(f"\nscheduler limits: max_num_seqs {limits['max_num_seqs']}, max_num_batched_tokens "
           f"{limits['max_num_batched_tokens']} ({limits_source})")  # fmt: skip
@@ -323,6 +361,7 @@ def run(args: argparse.Namespace) -> int:
         "client_overhead": {"outside": _line(overhead.outside), "turnaround": _line(overhead.turnaround)}
         if overhead
         else None,
+        "delivery_noise": {"mean_s": noise.mean_s, "per_stage_s": noise.per_stage_s, "model": noise.note},
         "kv_capacity": {
             "blocks": kv.capacity.blocks if kv.capacity else None,
             "block_size": kv.capacity.block_size if kv.capacity else None,
@@ -344,12 +383,16 @@ def run(args: argparse.Namespace) -> int:
         for i, s in enumerate(stages, 1):
             _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({s.duration_s:.0f} s modeled)")
             gap, turn = outside(s)
-            sim = replay(model, gpu, stage_load(s), client_overhead_s=gap, turnaround_s=turn).figures
+            replayed = replay(model, gpu, stage_load(s), client_overhead_s=gap, turnaround_s=turn,
+                              delivery_noise_s=delivery_s)  # fmt: skip
+            sim = replayed.figures
             real = {**s.figures, **s.server_figures()}
+            ranks = {k: r.as_dict() for k, r in percentile_ranks(real, replayed.samples).items()}
             rows.append({"stage": s.name, "set": "held-out" if s.name in args.hold_out else "fit",
-                         "real": real, "sim": sim, "error": errors(real, sim)})  # fmt: skip
+                         "real": real, "sim": sim, "error": errors(real, sim), "ranks": ranks})  # fmt: skip
         print_errors(rows, "client")
         print_errors(rows, "server")
+        print_ranks(rows)
         report["predictions"] = rows
         for which in ("fit", "held-out"):
             worst = goal_summary(rows, which)

@@ -11,7 +11,8 @@ calibrate computes them from the real server's (observations.server_figures: his
 per second, Little's law's mean running requests). ``client_overhead_s`` is waited between a request's sending
 and its arrival at the engine, so it is in the request's client TTFT and E2E (the time outside vLLM that the
 real client saw); ``turnaround_s`` is waited after each answer before the user's next request, in no latency
-but in the cycle (calibrate/client_overhead.py).
+but in the cycle (calibrate/client_overhead.py); ``delivery_noise_s`` is the mean of an exponential delay
+drawn for each token event between the engine and the client (calibrate/delivery_noise.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -80,6 +81,9 @@ class Replayed:
     """The sim's engine counter increases over the window (vLLM's names)."""
     kv_capacity: KvCapacity | None = None
     """The KV capacity the sim states in its ``vllm:cache_config_info`` at the window's end."""
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    """The client samples behind the percentiles, ms: ``ttft`` and ``e2el`` per request, ``itl`` per token
+    interval (calibrate/ranks.py places the real percentiles in them)."""
 
 
 async def _replay(
@@ -89,6 +93,7 @@ async def _replay(
     knobs: dict[str, object],
     overhead_s: float,
     turnaround_s: float,
+    delivery_s: float = 0.0,
 ) -> Replayed:
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
@@ -126,7 +131,10 @@ async def _replay(
             first = None
             gaps: list[float] = []
             async for event in stream:
-                now = loop.time()
+                # When the client sees it: after the host's delivery delay, never before the previous event.
+                now = loop.time() + draw(delivery_s)
+                if last is not None:
+                    now = max(now, last)
                 if t0 <= now <= t1:
                     tokens_in_window += event.new_tokens
                 if first is None:
@@ -138,6 +146,8 @@ async def _replay(
                 ttft.append(first - sent)
                 e2e.append(last - sent)
                 itl.extend(gaps)
+            if last is not None and last > loop.time():
+                await asyncio.sleep(last - loop.time())  # the answer is complete when the client has it
             await asyncio.sleep(draw(turnaround_s))  # the user's own time before its next request
 
     users = [asyncio.create_task(user(i)) for i in range(load.users)]
@@ -166,7 +176,8 @@ async def _replay(
     }
     counters = counter_increases([before, after], [(t0, t1)])
     figures.update(server_figures(counters, counters.get(SPAN, load.duration_s)))
-    return Replayed(figures, counters, capacity)
+    samples = {"ttft": [v * 1000 for v in ttft], "itl": [v * 1000 for v in itl], "e2el": [v * 1000 for v in e2e]}
+    return Replayed(figures, counters, capacity, samples)
 
 
 def replay(
@@ -176,7 +187,10 @@ def replay(
     knobs: dict[str, object] | None = None,
     client_overhead_s: float = 0.0,
     turnaround_s: float = 0.0,
+    delivery_noise_s: float = 0.0,
 ) -> Replayed:
     """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop)."""
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(_replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s))
+        return runner.run(
+            _replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s, delivery_noise_s)
+        )
