@@ -73,6 +73,7 @@ def test_calibrate_recovers_a_hidden_hosts_noise_and_predicts_the_held_out_itl_p
     quiet = {s.name: replay(model(), gpu, LOADS[s.name]).figures for s in fitted}
     noise = fit_delivery_noise({s.name: s.figures for s in fitted}, quiet)
     assert noise.mean_s == pytest.approx(HIDDEN_NOISE_S, rel=0.15)
+    assert noise.left_out == ("p40-c2", "p600-c2")  # 2-user stages: their replay's ITL P99 is on prefill stalls
     for stage in stages:
         if stage.name not in HELD_OUT:
             continue

@@ -20,9 +20,9 @@ A100 = load_gpu_profile("a100-40gb-pcie")
 def test_startup_sizes_the_cache_and_layers_profile_defaults_under_the_callers_knobs() -> None:
     state = startup_state(TINY, A100, {"max_num_seqs": 32})
     assert state.override is None
-    assert state.knobs.max_num_batched_tokens == 4096  # the a100-40gb-pcie profile's default
-    assert state.knobs.max_num_seqs == 32
-    assert state.knobs.num_gpu_blocks == roofline.num_gpu_blocks(TINY, A100, 0.92, 4096, 32)
+    assert state.knobs.max_num_batched_tokens == 2048  # the a100-40gb-pcie profile's default (vLLM's on an A100)
+    assert state.knobs.max_num_seqs == 32  # the caller's over the profile's 256
+    assert state.knobs.num_gpu_blocks == roofline.num_gpu_blocks(TINY, A100, 0.92, 2048, 32)
     pinned = startup_state(TINY, H100, {"num_gpu_blocks": 300})
     assert (pinned.knobs.num_gpu_blocks, pinned.override) == (300, 300)
     assert cache_config_info(pinned.knobs, pinned.override)["num_gpu_blocks_override"] == "300"
@@ -36,7 +36,7 @@ def test_plan_keeps_the_cache_size_unless_a_memory_knob_changes() -> None:
     derived = plan_change(same, {"gpu_memory_utilization": 0.5}, TINY, H100, max_adapter_rank=None)
     assert derived.override is None
     assert derived.knobs.num_gpu_blocks == roofline.num_gpu_blocks(TINY, H100, 0.5, 8192, 8)
-    assert state.knobs.max_num_seqs == 256  # plans never modify the state they start from
+    assert state.knobs.max_num_seqs == 1024  # plans never modify the state they start from (h100-sxm's default)
 
 
 @pytest.mark.parametrize(
@@ -58,6 +58,6 @@ def test_a_bad_plan_raises_naming_the_knob(changes: dict[str, int], rank: int | 
 def test_scheduler_config_follows_the_knobs() -> None:
     k = dataclasses.replace(startup_state(TINY, H100, None).knobs, scheduling_policy="priority", max_loras=2)
     assert scheduler_config(k) == SchedulerConfig(
-        max_num_seqs=256, max_num_batched_tokens=8192, enable_chunked_prefill=True, policy=Policy.PRIORITY,
+        max_num_seqs=1024, max_num_batched_tokens=8192, enable_chunked_prefill=True, policy=Policy.PRIORITY,
         max_loras=2, max_cpu_loras=2,
     )  # fmt: skip
