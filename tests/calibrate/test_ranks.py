@@ -16,10 +16,10 @@ def test_rank_counts_the_samples_at_or_below_ties_half() -> None:
 
 
 def test_a_bimodal_median_is_a_knife_edge_the_rank_shows() -> None:
-    """Two modes of nearly equal weight: the sim's median is its upper mode's 250 ms, a real median of 240 ms is
-    4 % off it, yet below every sample of that mode: the rank, 0.49, says the real median is where the sim's
-    distribution would put it, one point off. A real median of 100 ms, 60 % off the sim's, sits inside the lower
-mode (rank 0.245, its ties counting half): the value error says as much about the edge as the model."""
+    """Two modes of nearly equal weight: the sim's median is its upper mode's 250 ms, and a real median of 240 ms
+    is 4 % off it yet below every sample of that mode. The rank, 0.49, says the real median is where the sim's
+    distribution puts it, one point off. A real median of 100 ms, 60 % off, sits inside the lower mode (rank
+    0.245, its ties counting half): the value error says as much about the edge as about the model."""
     sim = [100.0] * 49 + [250.0] * 51
     real = {"median_ttft_ms": 240.0, "p99_ttft_ms": 260.0, "median_itl_ms": None}
     ranks = percentile_ranks(real, {"ttft": sim, "itl": [1.0]})
