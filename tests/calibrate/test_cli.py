@@ -52,6 +52,9 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     assert [r["stage"] for r in doc["predictions"]] == STAGES
     assert [r["set"] for r in doc["predictions"]] == ["fit"] * 4 + ["held-out"]
     assert set(doc["not_identified"]) == {"s_per_byte"}
+    assert [r["start"] for r in doc["regimes"]["starts"]] == [
+        "every step compute-bound", "decode-only steps memory-bound", "every step memory-bound"]  # fmt: skip
+    assert doc["regimes"]["memory_bound_steps"] == 0 and doc["regimes"]["close"] == []  # compute-bound, clearly
     assert doc["kv_capacity"] == {
         "blocks": stated.blocks,
         "block_size": 16,

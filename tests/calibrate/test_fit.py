@@ -51,6 +51,18 @@ def test_exact_data_recovers_every_parameter() -> None:
     for name in PARAMS:
         assert result.values[name] == pytest.approx(TRUE[name], rel=1e-6)
     assert all(f == pytest.approx(y, rel=1e-9) for _, _, y, f in result.rows)
+    # Every start is reported; the kept one leaves no residual, so no other regime comes close.
+    assert [label for label, _, _ in result.starts] == [
+        "every step compute-bound", "decode-only steps memory-bound", "every step memory-bound"]  # fmt: skip
+    assert min(r for _, r, _ in result.starts) == pytest.approx(0.0, abs=1e-9)
+    assert result.close_regimes() == []
+
+
+def test_another_regime_within_a_quarter_of_the_residual_is_named() -> None:
+    result = FitResult(values={}, stderr={}, memory_bound_steps=5,
+                       starts=[("a", 0.040, 0), ("b", 0.032, 5), ("c", 0.041, 18), ("d", 0.039, 5)])  # fmt: skip
+    # a: another regime, 0.040 <= 1.25 x 0.032; c: above it; d: the kept regime itself
+    assert result.close_regimes() == [("a", 0.040, 0)]
 
 
 def test_a_constant_column_is_not_identified() -> None:

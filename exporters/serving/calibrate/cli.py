@@ -214,6 +214,12 @@ def _line(line: Line | None) -> dict[str, object] | None:
 def print_fit(result: FitResult, overhead: ClientOverhead | None, frontend: FrontendFit) -> None:
     print("\nstep-time parameters (modeled seconds):")
     _print_params(PARAMS, result)
+    print("  regime starts (RMS relative residual of the fit each converged to, its memory-bound steps): "
+          + "; ".join(f"{label} {r * 100:.2f} % ({m})" for label, r, m in result.starts))  # fmt: skip
+    for label, r, m in result.close_regimes():
+        print(f"  another regime fits nearly as well: from '{label}', {m} memory-bound steps against "
+              f"{result.memory_bound_steps}, residual {r * 100:.2f} %: the data do not tell whether those steps "
+              "are memory- or compute-bound; stages of other batch sizes would (or --hold-out fewer)")  # fmt: skip
     print("\nfrontend parameters (API-server time outside the engine core, seconds):")
     _print_params(FRONTEND_PARAMS, frontend, 22)
     print(f"  (frontend_fixed_s: {SPLIT})")
@@ -356,6 +362,11 @@ def run(args: argparse.Namespace) -> int:
         "parameters": {**result.values, **frontend.values},
         "stderr": {**result.stderr, **frontend.stderr},
         "not_identified": {**result.not_identified, **frontend.not_identified},
+        "regimes": {
+            "memory_bound_steps": result.memory_bound_steps,
+            "starts": [{"start": label, "rms_residual": r, "memory_bound_steps": m} for label, r, m in result.starts],
+            "close": [label for label, _, _ in result.close_regimes()],
+        },
         "frontend_split": SPLIT,
         "client_overhead_s": overhead.outside.mean_s if overhead else None,
         "client_overhead": {"outside": _line(overhead.outside), "turnaround": _line(overhead.turnaround)}

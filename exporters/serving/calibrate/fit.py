@@ -18,7 +18,8 @@ Weighted least squares on relative residuals (each row divided by its observatio
 regimes: each step of a row is compute-bound or memory-bound, the linear fit is solved with that assignment,
 the steps are reassigned by the fitted terms and the fit repeated until nothing moves; from three starts
 (every step compute-bound, decode-only steps memory-bound, every step memory-bound), keeping the fit whose
-own formula leaves the smallest relative residuals. A parameter is *not
+own formula leaves the smallest relative residuals; a start that ends in another regime with a residual within
+``CLOSE_RESIDUAL`` of it is reported (the data do not tell the two apart). A parameter is *not
 identified* when its column is constant (one with the intercept; a term no step is bound by has a column of
 zeros), collinear with others (a singular value of the column-normalised design under ``COLLINEAR``), fitted
 below zero, or not determined by the data (its standard error above its value); it is then fixed at 0, the
@@ -37,6 +38,9 @@ from exporters.serving.engines.sim import roofline
 from loadlens.contracts.engine_counters import bucket_counts
 from loadlens.contracts.model_profile import ModelProfile
 
+CLOSE_RESIDUAL = 1.25
+"""A fit of another regime whose RMS residual is at most this times the kept one's is named as fitting nearly as
+well (the regimes not told apart by the data)."""
 PARAMS = ("step_overhead_s", "per_seq_s", "s_per_flop", "s_per_byte", "insertion_s")
 COLLINEAR = 1e-6
 """Smallest singular value (over the largest) of the column-normalised design that counts as independent."""
@@ -183,6 +187,16 @@ class FitResult:
     """(stage, observable, observed s, fitted s)."""
     memory_bound_steps: int = 0
     """Steps of the rows the fitted terms make memory-bound (the rest compute-bound)."""
+    starts: list[tuple[str, float, int]] = field(default_factory=list)
+    """Each regime start: (its label, the RMS relative residual of the fit it converged to, that fit's
+    memory-bound steps)."""
+
+    def close_regimes(self) -> list[tuple[str, float, int]]:
+        """The starts that converged to another regime (another count of memory-bound steps) whose residual is
+        within ``CLOSE_RESIDUAL`` of the kept fit's: the data do not tell those regimes apart."""
+        best = min(r for _, r, _ in self.starts) if self.starts else 0.0
+        return [(label, r, m) for label, r, m in self.starts
+                if m != self.memory_bound_steps and r <= best * CLOSE_RESIDUAL]  # fmt: skip
 
     def step(self, shape: StepShape) -> float:
         v = self.values
@@ -295,6 +309,7 @@ def fit(
         "every step memory-bound": [[True] * len(r.parts) for r in rows],
     }
     best: tuple[float, FitResult] | None = None
+    tried: list[tuple[str, float, int]] = []
     for label, bound in starts.items():
         seen: list[list[list[bool]]] = []
         for regime_round in range(1, MAX_REGIME_ROUNDS + 1):
@@ -306,10 +321,12 @@ def fit(
             result = linear_fit(x / y[:, None], np.ones(len(y)), fixed, say)
             bound = [result.bound(r) for r in rows]
         residual = sum((result.predict(r) / yv - 1) ** 2 for r, yv in zip(rows, y, strict=True))
+        tried.append((label, (residual / len(rows)) ** 0.5, sum(map(sum, (result.bound(r) for r in rows)))))
         if best is None or residual < best[0] - 1e-12:
             best = (residual, result)
     assert best is not None
     result = best[1]
     result.memory_bound_steps = sum(map(sum, (result.bound(r) for r in rows)))
+    result.starts = tried
     result.rows = [(name, obs, yv, result.predict(row)) for name, obs, row, yv in labelled]
     return result
