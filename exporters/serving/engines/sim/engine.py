@@ -1,19 +1,16 @@
 """The simulated engine: a continuous-batching vLLM-V1-like server on a modeled GPU, in real time.
 
-One asyncio task runs the step loop. It idles until work arrives; after the first arrival into an idle engine it waits
-up to ``batching_window_us`` (or until the batch is full) so more requests join the first step; with
-``batching_window_mode=admission`` every admission waits for the window while the running requests keep decoding, and
-a step that admits pays ``insertion_overhead_us`` (guide 4.1's U-curve). Each step the scheduler plans a batch, the
-roofline model prices it, and the loop sleeps until the step's absolute deadline (previous deadline + modeled duration
-/ ``speed``, so errors never accumulate); then every sampled request gets one token. Engine-side timestamps
-(``RequestTiming`` marks and every ``vllm:*`` latency) are wall-clock ``time.monotonic()`` instants of what really
-happened: a request is scheduled when the loop planned the step that took it, and a token is produced when its event
-is handed to the request's stream, however late the loop woke. So when the sim cannot keep real time, its histograms
-show the latency clients saw, like a real server's; the API server's share of TTFT and E2E is :mod:`.frontend`'s. How
-late the loop woke is judged by :mod:`.lateness` (a warning when more than 50 ms late); if it falls more than 0.25 s
-behind, the schedule restarts from "now" instead of racing through the backlog. The engine reports what it does as
-records (:mod:`.stats`) to a stat logger; the Prometheus one (:class:`.vllm_metrics.VllmMetrics`) owns every series,
-the engine knows none.
+One asyncio task runs the step loop. It idles until work arrives, then waits up to ``batching_window_us`` (before
+the first step, or with ``batching_window_mode=admission`` before every admission) and a step that admits pays
+``insertion_overhead_us`` (guide 4.1's U-curve). Each step the scheduler plans a batch (when: :mod:`.step_planner`),
+the roofline prices it, the loop sleeps until the step's absolute deadline (previous deadline + modeled duration /
+``speed``: errors never accumulate), and every sampled request gets one token. Engine-side timestamps
+(``RequestTiming`` marks, every ``vllm:*`` latency) are ``time.monotonic()`` instants of what really happened (a
+request is scheduled when the loop planned its step, a token produced when handed to its stream, however late the
+loop woke), so a sim that cannot keep real time shows the latency clients saw; the API server's share of TTFT and
+E2E is :mod:`.frontend`'s. :mod:`.lateness` judges the loop's wake-ups (a warning past 50 ms late; more than 0.25 s
+behind, the schedule restarts from "now"). The engine reports records (:mod:`.stats`) to a stat logger; the
+Prometheus one (:class:`.vllm_metrics.VllmMetrics`) owns every series, the engine knows none.
 
 Usage::
 
@@ -68,6 +65,7 @@ from exporters.serving.engines.sim.lora_adapters import AdapterOp, AdapterRegist
 from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.sched_types import Adapter, SchedRequest
 from exporters.serving.engines.sim.scheduler import Scheduler
+from exporters.serving.engines.sim.step_planner import StepPlanner
 from exporters.serving.engines.sim.step_pricing import price_step
 from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.timer import DeadlineTimer, Timer
@@ -150,6 +148,7 @@ class SimEngine(Engine):
         self._first_arrival: float | None = None
         self._window: asyncio.Future[float] | None = None
         self._last_admission, self._cursor = -math.inf, self._clock()
+        self._planner = StepPlanner()  # when each step is planned (async_scheduling)
         self._stopping = False
         self._crashed: BaseException | None = None
         self._counter = 0
@@ -349,7 +348,7 @@ class SimEngine(Engine):
             assert close is not None
             self._cursor = max(t0, await self._batching_window(close))
             return
-        batch = self._sched.schedule(t0, admit=admit)
+        batch = self._planner.plan(self._sched, t0, admit=admit, async_scheduling=self._state.knobs.async_scheduling)
         if not batch:
             now = self._clock()
             if t0 < now:
@@ -390,6 +389,7 @@ class SimEngine(Engine):
 
         await self._sleep_until(step.end)
         now, wakeup = self._advance_cursor(step.end)
+        self._planner.ran(t0, self._cursor)
         if step.cost.stall_seconds:
             self._live.charge_block(t0, step.stall_end)
         # Tokens are stamped when the loop hands them on (now), not at the modeled step end: a late loop delivers

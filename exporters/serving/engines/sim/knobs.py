@@ -43,6 +43,10 @@ class Knobs:
     """Modeled µs of host time added to every step that moves waiting requests into the batch (scheduling
     lock, input preparation, prefill launch). 0 = off (the default); guide 4.4 puts vLLM's at ~12 ms."""
     scheduling_policy: str = "fcfs"
+    async_scheduling: bool = False
+    """Plan each step while the one before it runs, as vLLM's async scheduling does (on by default in vLLM
+    0.32's GPU builds, forced off in its CPU build): a request that arrives during a step waits for the step
+    already planned, so it enters the batch one step later than with planning between steps."""
     max_waiting: int = 1024
     """Bound of the waiting queue (vLLM's max_num_queued_reqs); beyond it requests get QUEUE_FULL."""
     max_waiting_tokens: int = 0
@@ -115,7 +119,7 @@ def coerce(name: str, value: Any) -> Any:
             return _int(name, value, BLOCK_SIZE, 1 << 24)
         case "max_cpu_loras" | "num_gpu_blocks":
             return None if value is None else _int(name, value, 1, 1 << 40)
-        case "enable_chunked_prefill" | "enable_prefix_caching":
+        case "enable_chunked_prefill" | "enable_prefix_caching" | "async_scheduling":
             return _bool(name, value)
         case "batching_window_us" | "insertion_overhead_us":
             return _float(name, value, 0.0, 1e6)
