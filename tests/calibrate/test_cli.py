@@ -46,9 +46,12 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     assert doc["scheduler"] == {
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 8192,
+        "async_scheduling": False,
         "source": "the base profile h100-sxm's: vLLM does not export them, so pass the server's with "
         "--max-num-seqs and --max-num-batched-tokens",
+        "async_scheduling_source": "the base profile h100-sxm's",
     }
+    assert profile.default_knobs["async_scheduling"] is False
     assert [r["stage"] for r in doc["predictions"]] == STAGES
     assert [r["set"] for r in doc["predictions"]] == ["fit"] * 4 + ["held-out"]
     assert set(doc["not_identified"]) == {"s_per_byte"}
@@ -111,19 +114,19 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
     out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
     code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
                  "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--no-delivery-noise",
-                 "--json", str(report)])  # fmt: skip
+                 "--async-scheduling", "--json", str(report)])  # fmt: skip
     assert code == 0
     knobs = load_gpu_profile(str(out)).default_knobs
-    assert (knobs["max_num_seqs"], knobs["max_num_batched_tokens"]) == (128, 2048)
+    assert (knobs["max_num_seqs"], knobs["max_num_batched_tokens"], knobs["async_scheduling"]) == (128, 2048, True)
     assert json.loads(report.read_text())["delivery_noise"] == {
         "mean_s": 0.0, "per_stage_s": {}, "model": "none (--no-delivery-noise)"}  # fmt: skip
     assert json.loads(report.read_text())["scheduler"] == {
-        "max_num_seqs": 128, "max_num_batched_tokens": 2048,
-        "source": "given (--max-num-seqs, --max-num-batched-tokens)",
+        "max_num_seqs": 128, "max_num_batched_tokens": 2048, "async_scheduling": True,
+        "source": "given (--max-num-seqs, --max-num-batched-tokens)", "async_scheduling_source": "given",
     }  # fmt: skip
     line = "scheduler limits: max_num_seqs 128, max_num_batched_tokens 2048 (given (--max-num-seqs, "
     printed = capsys.readouterr().out.splitlines()
-    assert line + "--max-num-batched-tokens))" in printed
+    assert line + "--max-num-batched-tokens)); async scheduling on (given)" in printed
     assert ("delivery noise (the host's delay between the engine and the client; the replay adds it; not in the "
             "profile): none (--no-delivery-noise)") in printed  # fmt: skip
     # One given, the other the base profile's.
@@ -131,8 +134,9 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
                  "--max-num-batched-tokens", "4096", "--json", str(report)])  # fmt: skip
     assert code == 0
     assert json.loads(report.read_text())["scheduler"] == {
-        "max_num_seqs": 1024, "max_num_batched_tokens": 4096,
+        "max_num_seqs": 1024, "max_num_batched_tokens": 4096, "async_scheduling": False,
         "source": "--max-num-batched-tokens given, the other the base profile h100-sxm's",
+        "async_scheduling_source": "the base profile h100-sxm's",
     }  # fmt: skip
     # A step budget too small to bite does not change the replay; one that chunks every prompt does.
     small = tmp_path / "small.json"

@@ -95,6 +95,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="the server's step token budget as it ran (likewise); default: the base GPU profile's",
     )
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether the "
+        "server planned each step while the one before it ran (vLLM's GPU builds by default, not its CPU "
+        "build; vLLM does not export it); written to the profile and used by the replay; default: the "
+        "base GPU profile's",
+    )
     p.add_argument("--hold-out", nargs="+", default=[], metavar="STAGE", help="stages left out of the fit")
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
                    help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip
@@ -298,6 +307,9 @@ def run(args: argparse.Namespace) -> int:
     except (CalibrationInputError, ProfileError) as err:
         raise UsageError(str(err)) from err
     limits, limits_source = scheduler_limits(args, base)
+    ahead = bool(startup_knobs(base).async_scheduling) if args.async_scheduling is None else args.async_scheduling
+    ahead_source = f"the base profile {base.name}'s" if args.async_scheduling is None else "given"
+    limits["async_scheduling"] = ahead
     known = {s.name for s in stages}
     unknown = [h for h in args.hold_out if h not in known]
     if unknown:
@@ -353,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
         print("  per stage, ms: " + ", ".join(f"{k} {v * 1000:.2f}" for k, v in noise.per_stage_s.items()))
     print(f"\nKV capacity: {kv.reason}")
     print(f"\nscheduler limits: max_num_seqs {limits['max_num_seqs']}, max_num_batched_tokens "
-          f"{limits['max_num_batched_tokens']} ({limits_source})")  # fmt: skip
+          f"{limits['max_num_batched_tokens']} ({limits_source}); async scheduling {'on' if ahead else 'off'} "
+          f"({ahead_source})")  # fmt: skip
     print(f"\nprofile: {args.profile} (loadlens serve --engine sim --model-profile {args.model_profile} "
           f"--gpu-profile {args.profile})")  # fmt: skip
     report: dict[str, object] = {
@@ -379,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
             "sim_num_gpu_blocks": kv.sim_blocks,
             "reason": kv.reason,
         },
-        "scheduler": {**limits, "source": limits_source},
+        "scheduler": {**limits, "source": limits_source, "async_scheduling_source": ahead_source},
         "rows": [{"stage": a, "observable": b, "observed_s": c, "fitted_s": d} for a, b, c, d in result.rows],
         "frontend_rows": [
             {"stage": a, "mean_running": b, "queue_s": frontend.queues[a], "observed_s": c, "fitted_s": d}

@@ -8,8 +8,8 @@ profile's existing fields:
 - ``hbm_bytes_per_s`` = 1 / seconds per byte moved (weights + K and V) with ``memory_efficiency`` 1;
 - ``default_knobs.insertion_overhead_us``;
 - ``default_knobs.num_gpu_blocks``, the KV capacity the server stated (``kv.py``), where it stated one;
-- ``default_knobs.max_num_seqs`` and ``max_num_batched_tokens``, the server's scheduler limits (given to
-  calibrate, or the base profile's);
+- ``default_knobs.max_num_seqs``, ``max_num_batched_tokens`` and ``async_scheduling``, the server's scheduler
+  limits and whether it plans ahead (given to calibrate, or the base profile's);
 - ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``, the frontend fit's (absent: 0).
 
 A term the data did not identify is written as free: ``peak_tensor_flops`` or ``hbm_bytes_per_s`` 1e30 (the
