@@ -85,9 +85,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--max-num-seqs",
         type=_positive,
         metavar="N",
-        help="the server's max_num_seqs as it ran (vLLM "
-        "does not export it; its default depends on the card: docs/calibration.md); default: the base "
-        "GPU profile's",
+        help="the server's max_num_seqs as it ran (vLLM does not export it; its default depends on the card: "
+        "docs/calibration.md); default: the base GPU profile's",
     )
     p.add_argument(
         "--max-num-batched-tokens",
@@ -99,10 +98,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="whether the "
-        "server planned each step while the one before it ran (vLLM's GPU builds by default, not its CPU "
-        "build; vLLM does not export it); written to the profile and used by the replay; default: the "
-        "base GPU profile's",
+        help="whether the server planned each step while the one before it ran (vLLM's GPU builds by default, "
+        "not its CPU build; vLLM does not export it); written to the profile and used by the replay; default: "
+        "the base GPU profile's",
     )
     p.add_argument("--hold-out", nargs="+", default=[], metavar="STAGE", help="stages left out of the fit")
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
@@ -113,8 +111,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--no-delivery-noise",
         action="store_true",
-        help="replay without the host's delivery noise "
-        "between the engine and the client (docs/calibration.md, Delivery noise)",
+        help="replay without the host's delivery noise between the engine and the client (docs/calibration.md, "
+        "Delivery noise)",
     )
     p.add_argument("--json", type=Path, help="also write the whole report as JSON to this file")
     p.set_defaults(handler=run)
