@@ -128,12 +128,13 @@ def _positive(text: str) -> int:
     return value
 
 
-def scheduler_limits(args: argparse.Namespace, base: GPUProfile) -> tuple[dict[str, int], str]:
-    """The server's ``max_num_seqs`` and ``max_num_batched_tokens`` for the profile and the replay, and where
-    they came from: the flags, else the base profile's (its ``default_knobs``, else the sim's defaults)."""
+def scheduler_limits(args: argparse.Namespace, base: GPUProfile) -> tuple[dict[str, int | bool], dict[str, str]]:
+    """The server's ``max_num_seqs``, ``max_num_batched_tokens`` and ``async_scheduling`` for the profile and the
+    replay, and where they came from (``limits`` for the first two, ``async_scheduling`` for the last): the
+    flags, else the base profile's (its ``default_knobs``, else the sim's defaults)."""
     knobs = startup_knobs(base)
     given = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
-    limits = {k: v if v is not None else int(getattr(knobs, k)) for k, v in given.items()}
+    limits: dict[str, int | bool] = {k: v if v is not None else int(getattr(knobs, k)) for k, v in given.items()}
     if limits["max_num_batched_tokens"] < limits["max_num_seqs"]:
         raise UsageError(
             f"--max-num-batched-tokens {limits['max_num_batched_tokens']} is below max_num_seqs "
@@ -147,7 +148,10 @@ def scheduler_limits(args: argparse.Namespace, base: GPUProfile) -> tuple[dict[s
     else:
         source = (f"the base profile {base.name}'s: vLLM does not export them, so pass the server's with "
                   "--max-num-seqs and --max-num-batched-tokens")  # fmt: skip
-    return limits, source
+    ahead = args.async_scheduling
+    limits["async_scheduling"] = bool(knobs.async_scheduling) if ahead is None else ahead
+    sources = {"limits": source, "async_scheduling": f"the base profile {base.name}'s" if ahead is None else "given"}
+    return limits, sources
 
 
 def _snapshots(args: argparse.Namespace) -> tuple[Path, Path] | None:
@@ -304,10 +308,7 @@ def run(args: argparse.Namespace) -> int:
         base = load_gpu_profile(args.base_gpu_profile)
     except (CalibrationInputError, ProfileError) as err:
         raise UsageError(str(err)) from err
-    limits, limits_source = scheduler_limits(args, base)
-    ahead = bool(startup_knobs(base).async_scheduling) if args.async_scheduling is None else args.async_scheduling
-    ahead_source = f"the base profile {base.name}'s" if args.async_scheduling is None else "given"
-    limits["async_scheduling"] = ahead
+    limits, sources = scheduler_limits(args, base)
     known = {s.name for s in stages}
     unknown = [h for h in args.hold_out if h not in known]
     if unknown:
@@ -363,8 +364,8 @@ def run(args: argparse.Namespace) -> int:
         print("  per stage, ms: " + ", ".join(f"{k} {v * 1000:.2f}" for k, v in noise.per_stage_s.items()))
     print(f"\nKV capacity: {kv.reason}")
     print(f"\nscheduler limits: max_num_seqs {limits['max_num_seqs']}, max_num_batched_tokens "
-          f"{limits['max_num_batched_tokens']} ({limits_source}); async scheduling {'on' if ahead else 'off'} "
-          f"({ahead_source})")  # fmt: skip
+          f"{limits['max_num_batched_tokens']} ({sources['limits']}); async scheduling "
+          f"{'on' if limits['async_scheduling'] else 'off'} ({sources['async_scheduling']})")  # fmt: skip
     print(f"\nprofile: {args.profile} (loadlens serve --engine sim --model-profile {args.model_profile} "
           f"--gpu-profile {args.profile})")  # fmt: skip
     report: dict[str, object] = {
@@ -390,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
             "sim_num_gpu_blocks": kv.sim_blocks,
             "reason": kv.reason,
         },
-        "scheduler": {**limits, "source": limits_source, "async_scheduling_source": ahead_source},
+        "scheduler": {**limits, "source": sources["limits"], "async_scheduling_source": sources["async_scheduling"]},
         "rows": [{"stage": a, "observable": b, "observed_s": c, "fitted_s": d} for a, b, c, d in result.rows],
         "frontend_rows": [
             {"stage": a, "mean_running": b, "queue_s": frontend.queues[a], "observed_s": c, "fitted_s": d}

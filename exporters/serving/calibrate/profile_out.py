@@ -18,6 +18,7 @@ term is then ~0 s), the overheads 0. Memory, power, clocks, LoRA and thermal fie
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -37,7 +38,7 @@ def profile_document(
     source: str,
     kv_blocks: int | None = None,
     frontend: FrontendFit | None = None,
-    scheduler: dict[str, int] | None = None,
+    scheduler: Mapping[str, int | bool] | None = None,
 ) -> dict[str, object]:
     doc: dict[str, object] = yaml.safe_load(Path(base.path).read_text(encoding="utf-8"))
     v = fit.values
@@ -70,7 +71,7 @@ def write_profile(
     source: str,
     kv_blocks: int | None = None,
     frontend: FrontendFit | None = None,
-    scheduler: dict[str, int] | None = None,
+    scheduler: Mapping[str, int | bool] | None = None,
 ) -> GPUProfile:
     """Write the profile and load it back through the sim's loader (strict validation)."""
     doc = profile_document(fit, base, name, source, kv_blocks, frontend, scheduler)
