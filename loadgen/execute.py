@@ -164,7 +164,7 @@ class RequestExecutor:
         if record.outcome == "rate_limited" and slot is None:
             user.backoff = min(RETRY_AFTER_CAP_S, retry_after or RETRY_AFTER_CAP_S)
         if think > 0 and slot is None:
-            user.backoff = max(user.backoff, think)  # a conversation's think time before the user's next turn
+            user.backoff = max(user.backoff, think)  # the think time (a conversation's or the entry's)
         self.fire_locust_events(request.traffic.name, stage_name, cls.name, record)
         return True
 

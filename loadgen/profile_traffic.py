@@ -89,6 +89,9 @@ class Traffic:
     priority_class: str | None = None
     """The SLO class named in the entry (``class``); None: the class of ``effective_priority``."""
     conversation: ConversationSpec | None = None
+    think_time_s: SecondsDist | None = None
+    """A closed-loop user's wait after this entry's answer before its next request (not with a conversation,
+    which has its own between turns); None: the next request at once."""
     adapters: tuple[tuple[str | None, float], ...] = ()
     """(model, weight) pairs the entry's requests are spread over (exact shares); None is the base model."""
 
@@ -235,6 +238,7 @@ class TrafficEntry(Section):
     images: ImagesEntry | None = None
     prefix: PrefixEntry | None = None
     conversation: ConversationEntry | None = None
+    think_time_s: Duration | None = None
     adapters: Annotated[dict[str, Positive] | None, BeforeValidator(optional(_adapters))] = None
     name: Name = Field(None, validate_default=True)
     weight: Positive = 1.0
@@ -287,6 +291,8 @@ class TrafficEntry(Section):
                 raise fail("needs prompt.source synthetic (later turns are synthetic text)", "conversation")
             if self.images is not None and self.images.count:
                 raise fail("images are not supported in conversations", "conversation")
+            if self.think_time_s is not None:
+                raise fail("a conversation has its own (conversation.think_time_s, between its turns)", "think_time_s")
         return self
 
     def traffic(self) -> Traffic:
@@ -306,5 +312,6 @@ class TrafficEntry(Section):
             prefix=None if self.prefix is None else self.prefix.prefix(),
             priority_class=self.priority_class,
             conversation=None if self.conversation is None else self.conversation.spec(),
+            think_time_s=None if self.think_time_s is None else self.think_time_s.dist(),
             adapters=tuple((None if m == BASE_MODEL else m, w) for m, w in (self.adapters or {}).items()),
         )

@@ -195,7 +195,8 @@ def _sliced(store: Store, stages: set[str], dim: int) -> dict[str, Series]:
 
 def traffic_workload(t: Traffic) -> dict[str, Any]:
     """What an entry's requests share and continue: ``adapters`` (shares of the entry's requests; ``base`` =
-    the base model), ``prefix`` (groups and shares), ``conversation`` (turns and think time)."""
+    the base model), ``prefix`` (groups and shares), ``conversation`` (turns and think time), the output
+    lengths asked and a closed-loop user's think time after an answer."""
     total = sum(w for _, w in t.adapters)
     prefix = None
     if t.prefix is not None:
@@ -216,6 +217,8 @@ def traffic_workload(t: Traffic) -> dict[str, Any]:
         "adapters": {m or BASE_MODEL: round(w / total, 6) for m, w in t.adapters} if t.adapters else None,
         "prefix": prefix,
         "conversation": conversation,
+        "output_tokens": None if t.output_tokens is None else CountDistribution(**asdict(t.output_tokens)),
+        "think_time_s": None if t.think_time_s is None else Distribution(**asdict(t.think_time_s)),
     }
 
 

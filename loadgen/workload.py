@@ -29,6 +29,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -294,7 +295,11 @@ class Workload:
             stage, record, shared=turn.shared, block_size=self.block_size, turn=None if conv is None else conv.turn
         )
         if conv is None:
-            return 0.0
+            think_time = turn.request.traffic.think_time_s
+            if think_time is None or turn.owner is None:
+                return 0.0  # open loop: arrivals keep the stage's rate
+            rng = random.Random(f"think:{self.seed}:{self.process_index}:{turn.request.index}")
+            return think_time.sample(rng.gauss)
         if not record.ok:
             # A failed turn ends its conversation: the next turn would lack this reply. A cancelled one went
             # with its user (the load generator stopped it) and ends nothing.

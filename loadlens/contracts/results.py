@@ -344,6 +344,8 @@ class TrafficClass(_Model):
     adapters: dict[str, float] | None = None  # model -> share of the entry's requests ("base": the base model)
     prefix: TrafficPrefix | None = None
     conversation: TrafficConversation | None = None
+    output_tokens: CountDistribution | None = None  # the lengths asked (max_tokens); None: the dataset's own
+    think_time_s: Distribution | None = None  # a closed-loop user's wait after an answer; None: none
 
 
 class TokenizerInfo(_Model):

@@ -180,12 +180,14 @@ def test_calibration_sweep_records_the_engine_counters_on_the_sim(tmp_path: Path
     (what ``loadlens calibrate`` reads, docs/calibration.md)."""
     # Stages of 2 s: samples four times a second (the sweep's own once a second could leave one sample in one).
     result, _ = run_experiment(tmp_path, "calibration-sweep", "--time-scale", "0.1", "--param", "concurrency=2",
-                               "--param", "prompt_lengths=32", "--param", "output=16", "--sample-interval", "0.25",
+                               "--param", "prompt_lengths=32", "--param", "output=16", "--param", "output_stdev=4",
+                               "--sample-interval", "0.25",
                                speed="1")  # fmt: skip
     assert result.experiment.sample_interval == 0.25
+    drawn = {"output_stdev": 4, "think_s": 0.1, "think_stdev_s": 0.1}  # recorded: what calibrate replays
     assert [(t.name, t.params, t.status) for t in result.trials] == [
-        ("c2-p128", {"users": 2, "prompt_tokens": 128}, "done"),
-        ("p32-c2", {"prompt_tokens": 32, "users": 2}, "done"),
+        ("c2-p128", {"users": 2, "prompt_tokens": 128, **drawn}, "done"),
+        ("p32-c2", {"prompt_tokens": 32, "users": 2, **drawn}, "done"),
     ]
     # Each run its own prompts: with one seed the second trial's 32-token prompts would begin as the first's
     # 128-token ones did, and the sim's prefix cache (on, as vLLM's) would serve their first blocks.

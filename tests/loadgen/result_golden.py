@@ -2,7 +2,8 @@
 
 Byte for byte, so a change of a key's order or of a number's form (``3`` or ``3.0``) shows, not only of its
 value. The inputs touch every part of the typed model: a closed and an open stage beside a warmup, and (its
-own document) a trace stage; two classes and two models; adapters, prefix groups, a conversation; server
+own document) a trace stage; two classes and two models; adapters, prefix groups, a conversation, a think
+time and spread output lengths; server
 figures (one stage's Prometheus unreachable); the over-saturation judgement with its trends; the workload's
 turns; loop lag and CPU time. Regenerate after an intended change (and review the diff)::
 
@@ -53,6 +54,8 @@ def golden_profile() -> Profile:
                     "priority": 10,
                     "endpoint": "completions",
                     "adapters": {"sql-lora": 2, "base": 1},
+                    "output_tokens": {"mean": 32, "stdev": 8, "min": 8},
+                    "think_time_s": {"mean": 0.25, "stdev": 0.1},
                 },
             ],
             "stages": [

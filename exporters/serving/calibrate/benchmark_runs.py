@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from exporters.serving.calibrate.observations import CLIENT_FIGURES, CalibrationInputError, Stage
+from exporters.serving.calibrate.user_draws import Clamped
 from loadlens.contracts.engine_counters import BUCKETED, ENGINE_COUNTERS, SPAN, bucket_key, parse_engine_counters
 from loadlens.contracts.kv_capacity import SERIES as KV_SERIES
 from loadlens.contracts.kv_capacity import KvCapacity, parse_kv_capacity, stated_capacity
@@ -94,6 +96,7 @@ def read_benchmark_stages(
         return [_snapshot_stage(path, result, snapshots)]
     assert prometheus is not None
     prom = PrometheusClient(prometheus)
+    drawn = profile_draws(result)
     stages: list[Stage] = []
     for st in result.stages:
         if st.warmup:
@@ -118,11 +121,29 @@ def read_benchmark_stages(
                 figures=figures,
                 counters=counters,
                 kv_capacity=capacity,
+                **drawn,
             )
         )
     if not stages:
         raise CalibrationInputError(f"{path}: no measured stage")
     return stages
+
+
+def profile_draws(result: BenchmarkResult) -> dict[str, Any]:
+    """What each user drew per request, as the run's profile recorded it (``profile.traffic``): the spread of
+    its output lengths and its think time; nothing where the profile has several entries (or none) or the
+    run's file predates these keys (then every request is replayed with the mean length, no think time)."""
+    traffic = result.profile.traffic if result.profile is not None else []
+    if len(traffic) != 1:
+        return {}
+    entry = traffic[0]
+    out: dict[str, Any] = {}
+    if entry.output_tokens is not None:
+        out["output_stdev"] = entry.output_tokens.stdev
+    if entry.think_time_s is not None:
+        t = entry.think_time_s
+        out["think_time"] = Clamped(t.mean, t.stdev, t.min, t.max)
+    return out
 
 
 def _client_stage(path: Path, st: StageResult) -> tuple[int, dict[str, float]]:
@@ -157,4 +178,5 @@ def _snapshot_stage(path: Path, result: BenchmarkResult, snapshots: tuple[Path, 
         figures=figures,
         counters=counters,
         kv_capacity=capacity,
+        **profile_draws(result),
     )

@@ -33,7 +33,7 @@ from exporters.serving.calibrate.observations import (
 )
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.ranks import PERCENTILES, percentile_ranks
-from exporters.serving.calibrate.replay import replay, stage_load
+from exporters.serving.calibrate.replay import replay_runs, stage_load
 from exporters.serving.engines.sim.knob_plan import startup_knobs
 from loadlens.contracts.experiment_result import EXPERIMENT_FILE
 from loadlens.contracts.gpu_profile import GPUProfile, load_gpu_profile
@@ -354,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
         for i, s in enumerate(fit_stages, 1):
             _say(f"calibrate: delivery noise: replaying fitted stage {i}/{len(fit_stages)} {s.name} without it")
             gap, turn = outside(s)
-            quiet[s.name] = replay(model, gpu, stage_load(s), client_overhead_s=gap, turnaround_s=turn).figures
+            quiet[s.name] = replay_runs(model, gpu, stage_load(s), s.runs, client_overhead_s=gap,
+                                        turnaround_s=turn).figures  # fmt: skip
         noise = fit_delivery_noise({s.name: s.figures for s in fit_stages}, quiet)
     delivery_s = noise.mean_s
     print_fit(result, overhead, frontend)
@@ -404,10 +405,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_predict:
         rows: list[dict[str, object]] = []
         for i, s in enumerate(stages, 1):
-            _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({s.duration_s:.0f} s modeled)")
+            modeled = f"{s.runs} × {s.duration_s:.0f} s modeled"
+            _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({modeled})")
             gap, turn = outside(s)
-            replayed = replay(model, gpu, stage_load(s), client_overhead_s=gap, turnaround_s=turn,
-                              delivery_noise_s=delivery_s)  # fmt: skip
+            replayed = replay_runs(model, gpu, stage_load(s), s.runs, client_overhead_s=gap, turnaround_s=turn,
+                                   delivery_noise_s=delivery_s)  # fmt: skip
             sim = replayed.figures
             real = {**s.figures, **s.server_figures()}
             ranks = {k: r.as_dict() for k, r in percentile_ranks(real, replayed.samples).items()}

@@ -4,8 +4,9 @@ replay (docs/calibration.md, *Client overhead*), in two parts, per stage:
 - **outside**: the client's mean E2E minus vLLM's mean E2E (HTTP, the API server before its arrival stamp,
   delivery to the client): inside the client's TTFT and E2E;
 - **turnaround**: the user's cycle (``users × duration / completed``, Little's law for a closed loop) minus the
-  client's mean E2E: the load generator's own time between one answer and the next request, in no latency
-  the client reports but in every request's cycle, so in the server's concurrency and throughput.
+  client's mean E2E and the think time the load asked for (its mean: user_draws.py): the load generator's own
+  time between one answer and the next request, in no latency the client reports but in every request's
+  cycle, so in the server's concurrency and throughput.
 
 Each is fitted as ``fixed + per_user × users`` over the fitted stages, because on a host whose load generator
 and API server share cores both grow with the streams they handle (on the 2-core rig: outside 3 to 110 ms,
@@ -60,12 +61,14 @@ def stage_gap(stage: Stage) -> float | None:
 
 
 def stage_turnaround(stage: Stage) -> float | None:
-    """The closed loop's cycle per user minus the client's mean E2E, seconds; None without both. Per run: a
-    stage read from repeats has their requests summed and one run's duration."""
+    """The closed loop's cycle per user minus the client's mean E2E and the users' mean think time (known: the
+    load asked for it, and the replay draws it apart), seconds; None without both. Per run: a stage read from
+    repeats has their requests summed and one run's duration."""
     client = stage.figures.get("mean_e2el_ms")
     if not client or stage.completed <= 0 or stage.duration_s <= 0:
         return None
-    return stage.users * stage.duration_s * stage.runs / stage.completed - client / 1000
+    cycle = stage.users * stage.duration_s * stage.runs / stage.completed
+    return cycle - client / 1000 - stage.think_time.expected()
 
 
 def fit_line(points: dict[str, tuple[int, float]], constant: bool = False) -> Line | None:

@@ -6,9 +6,12 @@ prompt and output lengths), with the client's figures and the server's engine co
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporters.serving.calibrate.user_draws import NO_THINK, Clamped
 from loadlens.contracts.engine_counters import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, SPAN
 from loadlens.contracts.experiment_result import ExperimentResult
 from loadlens.contracts.kv_capacity import KvCapacity
@@ -46,6 +49,12 @@ class Stage:
     """The KV capacity the server stated during the stage (``vllm:cache_config_info``), None where it states none."""
     runs: int = 1
     """The trial's runs (repeats) read into this stage: its counters and ``completed`` are their sums."""
+    output_stdev: float = 0.0
+    """The standard deviation of the requests' output lengths (tokens), from the trial's ``output_stdev``
+    parameter; 0 where the trial has none (every request asked the same length)."""
+    think_time: Clamped = NO_THINK
+    """The users' think time after each answer (seconds), from the trial's ``think_s`` and ``think_stdev_s``
+    parameters; none where the trial has neither."""
 
     def server_figures(self) -> dict[str, float]:
         """The server's own figures over the window: vLLM's histogram means (ms), its output token rate
@@ -109,6 +118,18 @@ def server_figures(counters: dict[str, float], duration_s: float) -> dict[str, f
     return out
 
 
+DRAWN = (("output_stdev", "tokens"), ("think_s", "seconds"), ("think_stdev_s", "seconds"))
+"""The trial parameters that say what each user drew per request (the calibration sweep records them)."""
+
+
+def _param(path: Path, trial: str, params: Mapping[str, object], key: str, unit: str) -> float:
+    """A drawn quantity's parameter (0 where the trial has none); raises for one that is not a number >= 0."""
+    value = params.get(key, 0.0)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf:
+        raise CalibrationInputError(f"{path}: trial {trial}: {key!r} is {value!r}, not a number of {unit} >= 0")
+    return float(value)
+
+
 def _stat(trial_figures: dict[str, object], key: str) -> float | None:
     stat = trial_figures.get(key)
     mean = getattr(stat, "mean", None)
@@ -144,6 +165,7 @@ def read_stages(path: Path) -> list[Stage]:
             raise CalibrationInputError(
                 f"{path}: trial {trial.name} has no 'users' parameter (not a closed-loop stage)"
             )
+        spread, think, think_stdev = (_param(path, trial.name, trial.params, key, unit) for key, unit in DRAWN)
         figs: dict[str, float] = {}
         for key in CLIENT_FIGURES:
             value = _stat(dict(trial.figures), key)
@@ -174,6 +196,8 @@ def read_stages(path: Path) -> list[Stage]:
                 counters=counters,
                 kv_capacity=stated[-1] if stated else None,
                 runs=len(runs),
+                output_stdev=spread,
+                think_time=Clamped(think, think_stdev),
             )
         )
     if not stages:

@@ -1,8 +1,9 @@
 """Runs the sim engine over a stage's load in virtual time: ``users`` closed-loop users, each sending requests
-of ``prompt`` tokens asking ``output`` tokens (ignore_eos) one after another, for ``duration`` modeled
-seconds after a warmup. No HTTP and no wall clock: the loop's clock jumps to the engine's next deadline
-whenever nothing is ready, so the figures are the model's, whatever the machine's load, and a 20 s stage
-replays in a fraction of a second (docs/calibration.md, *Prediction*).
+of ``prompt`` tokens asking ``output`` tokens (ignore_eos; with ``output_stdev`` a length drawn per request) one
+after another (with ``think_time`` a drawn wait between), for ``duration`` modeled seconds after a warmup. No
+HTTP and no wall clock: the loop's clock jumps to the engine's next deadline whenever nothing is ready, so the
+figures are the model's, whatever the machine's load, and a 20 s stage replays in a fraction of a second
+(docs/calibration.md, *Prediction*).
 
 The figures have the sweep's names: client-side TTFT, ITL (a step carrying k tokens after a gap g gives k
 samples of g/k, as loadgen counts them), E2E (medians and P99s, ms), output throughput (tokens/s over the
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.serving.calibrate.observations import Stage, server_figures
+from exporters.serving.calibrate.user_draws import NO_THINK, Clamped, output_length
 from exporters.serving.engine import GenerationRequest, SamplingParams
 from exporters.serving.engines.sim import SimEngine
 from exporters.serving.engines.sim.profile import GPUProfile
@@ -52,11 +54,18 @@ class StageLoad:
     output: int
     duration_s: float
     warmup_s: float = 2.0
+    output_stdev: float = 0.0
+    """The spread of the output lengths (tokens): each request's drawn as the load generator draws it, a normal
+    of mean ``output`` rounded and never below 1; 0: every request asks exactly ``output``."""
+    think_time: Clamped = NO_THINK
+    """The user's think time after each answer (seconds), drawn as the load generator draws it."""
 
 
 def stage_load(stage: Stage) -> StageLoad:
-    """The load of a measured stage: its users, the tokens the server counted, its duration."""
-    return StageLoad(stage.users, round(stage.prompt_tokens), round(stage.output_tokens), stage.duration_s)
+    """The load of a measured stage: its users, the tokens the server counted, its duration, the spread of its
+    output lengths and its users' think time."""
+    return StageLoad(stage.users, round(stage.prompt_tokens), round(stage.output_tokens), stage.duration_s,
+                     output_stdev=stage.output_stdev, think_time=stage.think_time)  # fmt: skip
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -94,6 +103,7 @@ async def _replay(
     overhead_s: float,
     turnaround_s: float,
     delivery_s: float = 0.0,
+    seed: int = 0,
 ) -> Replayed:
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
@@ -107,7 +117,9 @@ async def _replay(
     e2e: list[float] = []
     tokens_in_window = 0
     counter = 0
-    rng = random.Random(0)
+    rng = random.Random(3 * seed)
+    lengths = random.Random(3 * seed + 1)  # streams of their own: a spread or a think time leaves the rest as it was
+    thinking = random.Random(3 * seed + 2)
 
     def draw(mean: float) -> float:
         return rng.expovariate(1 / mean) if mean > 0 else 0.0
@@ -123,7 +135,8 @@ async def _replay(
             req = GenerationRequest(
                 request_id=f"r{rid}", endpoint="completions", model="tiny-replay",
                 prompt=prompt_text(load.prompt, rid), image_count=0,
-                sampling=SamplingParams(max_tokens=load.output, temperature=0.0, ignore_eos=True),
+                sampling=SamplingParams(max_tokens=output_length(load.output, load.output_stdev, lengths),
+                                        temperature=0.0, ignore_eos=True),
                 arrival_time=loop.time(),
             )  # fmt: skip
             stream = await engine.generate(req)
@@ -148,7 +161,8 @@ async def _replay(
                 itl.extend(gaps)
             if last is not None and last > loop.time():
                 await asyncio.sleep(last - loop.time())  # the answer is complete when the client has it
-            await asyncio.sleep(draw(turnaround_s))  # the user's own time before its next request
+            await asyncio.sleep(draw(turnaround_s))  # the load generator's own time before the next request
+            await asyncio.sleep(load.think_time.draw(thinking))  # and the user's think time
 
     users = [asyncio.create_task(user(i)) for i in range(load.users)]
     await asyncio.sleep(max(0.0, t0 - loop.time()))
@@ -188,9 +202,45 @@ def replay(
     client_overhead_s: float = 0.0,
     turnaround_s: float = 0.0,
     delivery_noise_s: float = 0.0,
+    seed: int = 0,
 ) -> Replayed:
-    """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop)."""
+    """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop); ``seed`` picks the draws
+    (time outside the engine, lengths, think times, delivery delays)."""
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
         return runner.run(
-            _replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s, delivery_noise_s)
+            _replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s, delivery_noise_s, seed)
         )
+
+
+def replay_runs(
+    model: ModelProfile,
+    gpu: GPUProfile,
+    load: StageLoad,
+    runs: int,
+    knobs: dict[str, object] | None = None,
+    client_overhead_s: float = 0.0,
+    turnaround_s: float = 0.0,
+    delivery_noise_s: float = 0.0,
+) -> Replayed:
+    """``runs`` replays of the stage, each with draws of its own, read as calibrate reads a trial run that many
+    times: each client figure the mean of the runs' (a percentile of a short run is a noisy estimate, and the
+    real stage's is that same mean), the server's figures over the summed counters, the samples pooled, the
+    completed requests summed."""
+    done = [
+        replay(model, gpu, load, knobs, client_overhead_s, turnaround_s, delivery_noise_s, seed=i)
+        for i in range(max(1, runs))
+    ]
+    if len(done) == 1:
+        return done[0]
+    figures: dict[str, float | None] = {}
+    for key in done[0].figures:
+        values = [v for r in done if (v := r.figures.get(key)) is not None]
+        figures[key] = sum(values) / len(values) if values else None
+    figures["completed"] = sum(r.figures.get("completed") or 0.0 for r in done)
+    counters: dict[str, float] = {}
+    for r in done:
+        for name, value in r.counters.items():
+            counters[name] = counters.get(name, 0.0) + value
+    figures.update(server_figures(counters, counters.get(SPAN, load.duration_s * len(done))))
+    samples = {key: [v for r in done for v in r.samples.get(key, [])] for key in done[0].samples}
+    return Replayed(figures, counters, done[-1].kv_capacity, samples)
