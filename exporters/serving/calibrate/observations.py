@@ -1,7 +1,8 @@
 """What ``loadlens calibrate`` reads: one :class:`Stage` per finished trial of an ``experiment_result.json``
-(``loadlens experiment calibration-sweep``, or any experiment whose trials are closed-loop stages of fixed
-prompt and output lengths), with the client's figures and the server's engine counter increases
-(loadlens/contracts/engine_counters.py). docs/calibration.md, *Input*."""
+(``loadlens experiment calibration-sweep``, or any experiment whose trials are closed-loop stages of a fixed
+prompt length), with the client's figures, the server's engine counter increases
+(loadlens/contracts/engine_counters.py) and what each user drew per request (the spread of its output lengths,
+its think time: the trial's ``output_stdev``, ``think_s`` and ``think_stdev_s``). docs/calibration.md, *Input*."""
 
 from __future__ import annotations
 

@@ -43,11 +43,6 @@ class Clamped:
         above = self.high * (1 - _cdf(b)) if math.isfinite(self.high) else 0.0
         return below + inside + above
 
-    @property
-    def none(self) -> bool:
-        """Always 0 (no think time)."""
-        return self.expected() == 0 and self.stdev <= 0
-
 
 NO_THINK = Clamped(0.0)
 
