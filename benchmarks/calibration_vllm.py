@@ -14,6 +14,7 @@ and the decode steps' medians by batch are printed after (``benchmarks/vllm_iter
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,21 @@ from tests.support.vllm_server import vllm_server
 
 MODEL_PROFILES = {"tiny": "tiny-llama.yaml", "calibration": "small-llama.yaml"}
 """Each shape's sim model profile under benchmarks/calibration/ (tests/calibrate/test_rig_profiles.py)."""
+
+
+HOLD_OUT = ("c4-p128", "p192-c2")
+"""The stages the rig's fits hold out (docs/calibration.md, section 4), where the sweep ran them."""
+
+
+def hold_out_flag(result: Path) -> str:
+    """`` --hold-out ...`` with those of HOLD_OUT that the sweep ran (its --param can leave them out)."""
+    try:
+        doc = json.loads((result / "experiment_result.json").read_text(encoding="utf-8"))
+        ran = {t.get("name") for t in doc.get("trials", [])}
+    except (OSError, ValueError, AttributeError):
+        ran = set(HOLD_OUT)
+    held = [name for name in HOLD_OUT if name in ran]
+    return f" --hold-out {' '.join(held)}" if held else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             print_summary(fh)
     profile = ROOT / "benchmarks" / "calibration" / MODEL_PROFILES[args.shape]
     print(
-        f"fit: loadlens calibrate {result} --model-profile {profile.relative_to(ROOT)} --hold-out c4-p128 p192-c2"
+        f"fit: loadlens calibrate {result} --model-profile {profile.relative_to(ROOT)}{hold_out_flag(result)}"
         f" --max-num-seqs {rig.SCHEDULER_LIMITS['max_num_seqs']}"
         f" --max-num-batched-tokens {rig.SCHEDULER_LIMITS['max_num_batched_tokens']}"
         f" --profile {args.run_id}.yaml --json {args.run_id}.json"
