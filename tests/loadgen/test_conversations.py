@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from loadgen.dispatch import Slot, StageDispatch
-from loadgen.execute import Recorder, RequestExecutor
+from loadgen.execute import Recorder
 from loadgen.metrics import bucket_bounds
 from loadgen.profile import Profile, ProfileError, parse_profile
 from loadgen.prompts import PreparedRequest, PromptFactory
@@ -19,6 +16,8 @@ from loadgen.sse import StreamParser
 from loadgen.store import Store
 from loadgen.workload import TURN_FIGURES_MAX, Workload, WorkloadStats, turn_key, workload_block
 from loadlens.contracts.slo import load_slos
+from tests.loadgen.one_executor import FakeUser
+from tests.loadgen.one_executor import executor as one_process
 
 BOUNDS = bucket_bounds(load_slos(None))
 
@@ -242,19 +241,8 @@ def test_conversation_fields_are_validated_with_their_path(entry: dict[str, Any]
     assert str(err.value).startswith(message), str(err.value)
 
 
-class FakeUser:
-    def __init__(self) -> None:
-        self.slot: Slot | None = None
-        self.backoff = 0.0
-        self.http = object()
-
-    def reconnect(self) -> None:
-        pass
-
-
 def test_the_executor_sends_turns_and_makes_the_user_think_between_them() -> None:
     p = profile([{**CHAT, "conversation": {"turns": 2, "think_time_s": 0.75}}])
-    slos = load_slos(None)
     recorder = Recorder(Store(BOUNDS), "s")
     sent: list[dict[str, Any]] = []
     replies = iter(["first reply", "second reply", "third"])
@@ -264,13 +252,7 @@ def test_the_executor_sends_turns_and_makes_the_user_think_between_them() -> Non
         sent.append(body(request))
         return ok(10 * len(sent), next(replies)), True, None
 
-    fire: Callable[..., None] = lambda **kw: None  # noqa: E731
-    executor = RequestExecutor(
-        profile=p, seed=1, classes={"conv": slos.class_for_priority(0)}, recorder=recorder,
-        dispatch=StageDispatch(p.stages, 1, lock=threading.Lock(), new_event=threading.Event),
-        target=None, target_url="http://x", auth={}, user_agent="t", send=send, new_traceparent=lambda: "tp",
-        fire=fire, resolve_model=lambda: "m", process_index=lambda: 0,
-    )  # fmt: skip
+    executor = one_process(p, recorder, send, entry="conv")
     user = FakeUser()
     assert executor.run(user) and user.backoff == 0.75
     user.backoff = 0.0

@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import statistics
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from loadgen.dispatch import StageDispatch
-from loadgen.execute import Recorder, RequestExecutor
+from loadgen.execute import Recorder
 from loadgen.metrics import bucket_bounds
 from loadgen.profile import Profile, ProfileError, parse_profile
 from loadgen.profile_fields import SecondsDist
@@ -20,6 +17,7 @@ from loadgen.record import RequestRecord
 from loadgen.store import Store
 from loadgen.workload import Workload, WorkloadStats
 from loadlens.contracts.slo import load_slos
+from tests.loadgen.one_executor import FakeUser, executor
 
 BOUNDS = bucket_bounds(load_slos(None))
 ENTRY = {"name": "q", "prompt": {"tokens": 6}, "output_tokens": 4}
@@ -75,31 +73,12 @@ def test_no_think_time_without_the_field_or_in_an_open_loop() -> None:
 
 
 def test_the_executor_makes_the_user_wait_it() -> None:
-    p = profile(think_time_s=0.75)
-    slos = load_slos(None)
-    recorder = Recorder(Store(BOUNDS), "s")
-
     def send(*args: Any) -> tuple[RequestRecord, bool, float | None]:
         return RequestRecord(ttft=0.01, e2e=0.02, output_tokens=4, prompt_tokens=6), True, None
 
-    fire: Callable[..., None] = lambda **kw: None  # noqa: E731
-    executor = RequestExecutor(
-        profile=p, seed=1, classes={"q": slos.class_for_priority(0)}, recorder=recorder,
-        dispatch=StageDispatch(p.stages, 1, lock=threading.Lock(), new_event=threading.Event),
-        target=None, target_url="http://x", auth={}, user_agent="t", send=send, new_traceparent=lambda: "tp",
-        fire=fire, resolve_model=lambda: "m", process_index=lambda: 0,
-    )  # fmt: skip
-
-    class User:
-        slot = None
-        backoff = 0.0
-        http = object()
-
-        def reconnect(self) -> None:
-            pass
-
-    user = User()
-    assert executor.run(user) and user.backoff == 0.75
+    user = FakeUser()
+    assert executor(profile(think_time_s=0.75), Recorder(Store(BOUNDS), "s"), send, entry="q").run(user)
+    assert user.backoff == 0.75
 
 
 @pytest.mark.parametrize(
