@@ -100,7 +100,10 @@ class ModelProfile(ProfileFile):
 
     def module_dims(self, module: str) -> tuple[int, int]:
         """(d_in, d_out) of a linear module, for LoRA sizing."""
-        dims = {
+        return self._linear_dims()[module]
+
+    def _linear_dims(self) -> dict[str, tuple[int, int]]:
+        return {
             "q_proj": (self.hidden, self.q_dim),
             "k_proj": (self.hidden, self.kv_dim),
             "v_proj": (self.hidden, self.kv_dim),
@@ -109,11 +112,11 @@ class ModelProfile(ProfileFile):
             "up_proj": (self.hidden, self.intermediate),
             "down_proj": (self.intermediate, self.hidden),
         }
-        return dims[module]
 
     def layer_linear_params(self) -> int:
         """Parameters of one decoder layer's linear modules (attention projections and the gated MLP)."""
-        return sum(d_in * d_out for d_in, d_out in map(self.module_dims, LINEAR_MODULES))
+        dims = self._linear_dims()  # once: the sim asks it for every step it models
+        return sum(dims[m][0] * dims[m][1] for m in LINEAR_MODULES)
 
     def embedding_params(self) -> int:
         """Input embedding plus LM head (one matrix when tied)."""

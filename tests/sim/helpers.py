@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from exporters.serving.calibrate.replay import prompt_text
 from exporters.serving.engine import GenerationRequest, LoRARequest, OutputEvent, RequestStream, SamplingParams
 from exporters.serving.engines.sim import SimEngine, load_gpu_profile, load_model_profile
 from exporters.serving.engines.sim.virtual_time import LoopTimer, running_virtual_loop
@@ -26,15 +27,10 @@ def now() -> float:
         return time.monotonic()
 
 
-def _word(i: int) -> str:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    return letters[i // 676 % 26] + letters[i // 26 % 26] + letters[i % 26]
-
-
 def prompt_of(tokens: int, salt: int = 0) -> str:
     """A prompt the sim tokenizer counts as exactly ``tokens`` tokens: three-letter words (" abc" is one
     piece of four characters). Different salts give different words, so prompts do not share cache blocks."""
-    return " ".join(_word(salt * 7919 + i) for i in range(tokens))
+    return prompt_text(tokens, salt)
 
 
 def request(

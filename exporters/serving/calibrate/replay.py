@@ -35,16 +35,20 @@ from loadlens.contracts.engine_counters import SPAN, counter_increases, parse_en
 from loadlens.contracts.kv_capacity import KvCapacity, parse_kv_capacity
 from loadlens.contracts.model_profile import ModelProfile
 
-
-def _word(i: int) -> str:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    return letters[i // 676 % 26] + letters[i // 26 % 26] + letters[i % 26]
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_WORDS = tuple(a + b + c for a in _LETTERS for b in _LETTERS for c in _LETTERS)
+"""Every three-letter word, in order: word i is letters (i // 676, i // 26, i) mod 26."""
 
 
 def prompt_text(tokens: int, salt: int) -> str:
     """Text the sim's tokenizer counts as ``tokens`` tokens (three-letter words), different per salt so that
     prompts share no prefix-cache block (the sweep's prompts are random text)."""
-    return " ".join(_word(salt * 7919 + i) for i in range(tokens))
+    words: list[str] = []
+    pos = salt * 7919 % len(_WORDS)
+    while len(words) < tokens:  # slices of the table, wrapping round: a replay builds thousands of prompts
+        words.extend(_WORDS[pos : pos + tokens - len(words)])
+        pos = 0
+    return " ".join(words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +210,18 @@ def replay(
 ) -> Replayed:
     """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop); ``seed`` picks the draws
     (time outside the engine, lengths, think times, delivery delays)."""
+    done: list[Replayed] = []
+
+    async def run() -> None:
+        # The result leaves through ``done``, not as the task's: on the main thread the runner's SIGINT handler
+        # holds the task, and Python's signal module formats that handler (the result's thousands of samples
+        # with it) each time it reads it back.
+        done.append(await _replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s,
+                                  delivery_noise_s, seed))  # fmt: skip
+
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(
-            _replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s, delivery_noise_s, seed)
-        )
+        runner.run(run())
+    return done[0]
 
 
 def replay_runs(
