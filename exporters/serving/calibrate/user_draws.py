@@ -2,7 +2,7 @@
 output length it asks and its think time after the answer. The load generator draws each from a normal and
 clamps it into [min, max] (loadgen's ``LengthDist`` and ``SecondsDist``; a length is rounded, at least 1), so
 clamped draws have a mean of their own (:meth:`Clamped.expected`), which is what calibrate takes out of a
-user's cycle (client_overhead.py). docs/calibration.md, *Why the output lengths are spread*."""
+user's cycle (client_overhead.py). docs/calibration.md, *Why the loads are drawn*."""
 
 from __future__ import annotations
 
