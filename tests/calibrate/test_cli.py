@@ -108,6 +108,7 @@ def test_a_stage_whose_prompts_were_cached_is_warned_about(
     assert written["prefix_cache_hit_ratio"][STAGES[1]] == pytest.approx(0.3)
 
 
+@pytest.mark.timeout(90)  # four fits with replays: 14 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
     sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

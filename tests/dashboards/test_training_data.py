@@ -31,6 +31,7 @@ def _has_data(prom: PrometheusServer, expr: str, start: float, end: float) -> bo
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(90)  # 14 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_every_training_query_returns_data(tmp_path: Path) -> None:
     require_prometheus()
     import torch

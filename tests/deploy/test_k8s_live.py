@@ -42,7 +42,7 @@ def _render_with_fire_drill(tmp_path: Path) -> list[dict[str, Any]]:
     return load_documents(result.stdout)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(390)  # 72 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_sim_overlay_runs_is_scraped_under_the_rule_job_names_and_pages(tmp_path: Path) -> None:
     reason = kube.available()
     if reason is not None:

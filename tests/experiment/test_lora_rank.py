@@ -243,7 +243,7 @@ def test_the_packaged_sim_profile_prices_lora_by_its_launches() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(210)  # 38 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_lora_rank_on_the_sim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The packaged experiment, its sim on ``FIXTURE_GPU``: the h200 profile whose LoRA term is its matmuls
     alone, growing as r^0.6 (0.53 / 1.21 / 2.78 ms modeled a 4-sequence decode step, on a 5.6 ms step). At

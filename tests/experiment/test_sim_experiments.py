@@ -90,7 +90,7 @@ def test_batching_window_on_the_sim(tmp_path: Path) -> None:
     assert len(fit.curve) == 60
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)  # 31 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_fairness_on_the_sim(tmp_path: Path) -> None:
     """At the experiment's own speed 1, not 10: the interactive P95 gap between the policies is then modeled
     queueing of over a second (two loaded runs: 1022 vs 2391 ms, 1060 vs 2407 ms), which no stall of a loaded
@@ -155,7 +155,7 @@ def test_burst_capacity_on_the_sim(tmp_path: Path) -> None:
     assert finding(result, "threshold_found") is True
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)  # 58 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_slo_search_on_the_sim(tmp_path: Path) -> None:
     """Bracketing from 8 users then bisection: the capacity and the level above it are adjacent, every level
     up to the capacity passed and the one above failed. TTFT alone decides a level (``ttft_only_slo_file``):
@@ -174,6 +174,7 @@ def test_slo_search_on_the_sim(tmp_path: Path) -> None:
     assert all(r["level_passes"] is (float(r["level"]) <= float(capacity["capacity"])) for r in levels)  # type: ignore[arg-type]
 
 
+@pytest.mark.timeout(90)  # 12 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_calibration_sweep_records_the_engine_counters_on_the_sim(tmp_path: Path) -> None:
     """Two stages (one per ladder) on the sim: each run's server sample carries the increases of vLLM's
     engine counters over its measured window, consistent with the client's count of requests and tokens

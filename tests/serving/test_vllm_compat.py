@@ -99,6 +99,7 @@ async def _traffic(url: str, seconds: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(90)  # 17 s in the parallel phase, x5 (tests/support/timeout_margins.py)
 def test_vllm_example_dashboard_queries_return_data(sim_server: str, tmp_path: Path) -> None:
     require_prometheus()
     target = sim_server.removeprefix("http://")

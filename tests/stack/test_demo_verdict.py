@@ -74,7 +74,7 @@ def _ttft_rate(http: httpx.Client, prom: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
-@pytest.mark.timeout(240)  # 61 s measured on the 2-core box loaded by four other jobs, x4
+@pytest.mark.timeout(300)  # 60-61 s measured on the loaded 2-core box, x5 (tests/support/timeout_margins.py)
 def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stack: Stack, tmp_path: Path) -> None:
     urls = _urls(stack)
     serve, prom = urls["serve"], urls["prometheus"]
