@@ -8,7 +8,8 @@ vLLM (``tests/support/vllm_server.py``: its own process group, killed on exit), 
 calibration-sweep --host URL --model tiny-llama`` against it and prints the experiment's result path and the
 ``loadlens calibrate`` command that fits the sim to it, with the shape's model profile (``benchmarks/calibration/``)
 and the rig's scheduler limits (``vllm_server.SCHEDULER_LIMITS``). With ``--iteration-details`` vLLM logs each step
-and the decode steps' medians by batch are printed after (``benchmarks/vllm_iterations.py``).
+and the decode steps' medians by batch are printed after (``benchmarks/vllm_iterations.py``), and the
+calibrate command reads the log (``--iteration-log``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         f" --max-num-seqs {rig.SCHEDULER_LIMITS['max_num_seqs']}"
         f" --max-num-batched-tokens {rig.SCHEDULER_LIMITS['max_num_batched_tokens']}"
         f" --profile {args.run_id}.yaml --json {args.run_id}.json"
+        + (f" --iteration-log {log}" if args.iteration_details else "")
     )
     return code
 

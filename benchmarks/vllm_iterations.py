@@ -10,25 +10,22 @@ sweep; ``python -m benchmarks.vllm_iterations LOG`` reads a saved log.
 
 from __future__ import annotations
 
-import re
+import math
 import statistics
 import sys
 from collections.abc import Iterable
 
-STEP = re.compile(
-    r"Iteration\(\d+\): (?P<context>\d+) context requests, \d+ context tokens, (?P<decode>\d+) generation requests, "
-    r"\d+ generation tokens, iteration elapsed time: (?P<ms>[\d.]+) ms"
-)
+from exporters.serving.calibrate.iteration_log import decode_steps as logged_decode_steps
+from exporters.serving.calibrate.iteration_log import parse
+
+EVER = ((-math.inf, math.inf),)
 
 
 def decode_steps(lines: Iterable[str]) -> dict[int, list[float]]:
-    """Elapsed ms of every step without a prefill, by its number of decoding requests."""
-    out: dict[int, list[float]] = {}
-    for line in lines:
-        m = STEP.search(line)
-        if m and m["context"] == "0" and int(m["decode"]) > 0:
-            out.setdefault(int(m["decode"]), []).append(float(m["ms"]))
-    return out
+    """Elapsed ms of every step without a prefill, by its number of decoding requests (calibrate's reading of
+    the log, exporters/serving/calibrate/iteration_log.py, over the whole log)."""
+    steps = logged_decode_steps(parse(lines, year=2000), EVER)  # a leap year: any MM-DD stamp is a date
+    return {batch: [round(s * 1000, 6) for s in elapsed] for batch, elapsed in steps.items()}
 
 
 def summary(steps: dict[int, list[float]], least: int = 20) -> list[tuple[int, int, float]]:

@@ -186,6 +186,11 @@ def test_unusable_input_exits_2_with_one_line(sweep: Path, tmp_path: Path, capsy
     few["trials"][1]["runs"][0]["figures"]["completed"] = 12
     assert _code_and_error(["calibrate", write("few.json", few), *base], capsys) == (
         2, "loadlens calibrate: error: stage c6-p240: 12 completed requests, too few (at least 20)")  # fmt: skip
+    missing = tmp_path / "no-such-vllm.log"
+    assert _code_and_error(["calibrate", str(sweep), *base, "--iteration-log", str(missing)], capsys) == (
+        2,
+        f"loadlens calibrate: error: --iteration-log {missing}: cannot read it (No such file or directory)",
+    )
     bench = write("benchmark_result.json", {"run": {}, "stages": [], "overall": {}})
     assert _code_and_error(["calibrate", bench, *base], capsys)[1].endswith(
         "a benchmark_result.json carries no server counters; give --prometheus URL (the Prometheus that scraped "

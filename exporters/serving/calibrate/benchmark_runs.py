@@ -121,6 +121,7 @@ def read_benchmark_stages(
                 figures=figures,
                 counters=counters,
                 kv_capacity=capacity,
+                windows=((st.start_timestamp, st.end_timestamp),),
                 **drawn,
             )
         )

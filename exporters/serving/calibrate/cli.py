@@ -21,8 +21,9 @@ from pathlib import Path
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.client_overhead import ClientOverhead, Line, fit_client_overhead
 from exporters.serving.calibrate.delivery_noise import DeliveryNoise, fit_delivery_noise
-from exporters.serving.calibrate.fit import PARAMS, FitResult, fit
+from exporters.serving.calibrate.fit import LOG_GAP, PARAMS, FitResult, fit
 from exporters.serving.calibrate.frontend_fit import FRONTEND_PARAMS, SPLIT, FrontendFit, fit_frontend_replayed
+from exporters.serving.calibrate.iteration_log import LEAST, iteration_rows, read_steps
 from exporters.serving.calibrate.kv import kv_decision
 from exporters.serving.calibrate.observations import (
     CalibrationInputError,
@@ -103,6 +104,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the base GPU profile's",
     )
     p.add_argument("--hold-out", nargs="+", default=[], metavar="STAGE", help="stages left out of the fit")
+    p.add_argument("--iteration-log", metavar="FILE", help="vLLM's log, started with --enable-logging-iteration-"
+                   "details: its decode-only steps inside the fitted stages' runs become rows of the fit (the median "
+                   "step per stage and batch; docs/calibration.md, The iteration rows)")  # fmt: skip
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
                    help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip
     p.add_argument("--no-predict", action="store_true", help="fit and write only; no replay on the sim")
@@ -225,6 +229,9 @@ def _line(line: Line | None) -> dict[str, object] | None:
 def print_fit(result: FitResult, overhead: ClientOverhead | None, frontend: FrontendFit) -> None:
     print("\nstep-time parameters (modeled seconds):")
     _print_params(PARAMS, result)
+    if LOG_GAP in result.values:
+        _print_params((LOG_GAP,), result)
+        print("  (log_gap_s: each step's time outside vLLM's logged elapsed time; the sim's step holds it)")
     print("  regime starts (RMS relative residual of the fit each converged to, its memory-bound steps): "
           + "; ".join(f"{label} {r * 100:.2f} % ({m})" for label, r, m in result.starts))  # fmt: skip
     for label, r, m in result.close_regimes():
@@ -320,7 +327,14 @@ def run(args: argparse.Namespace) -> int:
     warnings = prefix_cache_warnings(stages)
     for line in warnings:
         _say(f"calibrate: warning: {line}")
-    result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say)
+    extra = []
+    if args.iteration_log:
+        try:
+            extra = iteration_rows(model, fit_stages, read_steps(args.iteration_log, fit_stages), args.iteration_log)
+        except CalibrationInputError as err:
+            raise UsageError(str(err)) from err
+        _say(f"calibrate: vLLM's iteration log: {len(extra)} rows (stage, batch) of at least {LEAST} decode-only steps")
+    result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say, extra=extra)
     overhead = fit_client_overhead(fit_stages, args.constant_client_overhead)
 
     delivery_s = 0.0  # fitted below, once the profile is

@@ -45,6 +45,10 @@ PARAMS = ("step_overhead_s", "per_seq_s", "s_per_flop", "s_per_byte", "insertion
 COLLINEAR = 1e-6
 """Smallest singular value (over the largest) of the column-normalised design that counts as independent."""
 MAX_REGIME_ROUNDS = 10
+LOG_GAP = "log_gap_s"
+"""With rows from vLLM's iteration log (iteration_log.py): the part of a step its logged elapsed time leaves out
+(the engine loop's scheduling and output handling around the model's run), fitted as a constant per step so
+the log's rows and the stages' own (which hold the whole step) can stand in one fit. Not a sim parameter."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +70,16 @@ class Row:
     """An observable: the weighted mean of one or more steps' durations."""
 
     parts: tuple[tuple[float, StepShape], ...]
+    logged: bool = False
+    """A step as vLLM's iteration log times it: without the ``LOG_GAP`` the sim's step holds."""
 
-    def features(self, bound: Sequence[bool]) -> list[float]:
+    def features(self, bound: Sequence[bool], gap_column: bool = False) -> list[float]:
         total = sum(w for w, _ in self.parts)
         out = [0.0] * len(PARAMS)
         for (w, shape), memory in zip(self.parts, bound, strict=True):
             for i, f in enumerate(shape.features(memory)):
                 out[i] += w / total * f
-        return out
+        return out + ([-1.0 if self.logged else 0.0] if gap_column else [])
 
 
 def _decode_seq(model: ModelProfile, context: float) -> tuple[float, float]:
@@ -205,7 +211,8 @@ class FitResult:
 
     def predict(self, row: Row) -> float:
         total = sum(w for w, _ in row.parts)
-        return sum(w / total * self.step(shape) for w, shape in row.parts)
+        gap = self.values.get(LOG_GAP, 0.0) if row.logged else 0.0
+        return sum(w / total * self.step(shape) for w, shape in row.parts) - gap
 
     def bound(self, row: Row) -> list[bool]:
         v = self.values
@@ -298,11 +305,15 @@ def fit(
     stages: Sequence[Stage],
     fixed: Sequence[str] = (),
     say: Callable[[str], None] = lambda _: None,
+    extra: Sequence[tuple[str, str, Row, float]] = (),
 ) -> FitResult:
-    """Least squares over the stages' rows in the sim's formula; ``fixed`` parameters are held at 0."""
-    labelled = [(s.name, obs, row, y) for s in stages for obs, row, y in stage_rows(model, s)]
+    """Least squares over the stages' rows in the sim's formula; ``fixed`` parameters are held at 0. ``extra``:
+    more (stage, observable, row, observed seconds), as vLLM's iteration log gives (iteration_log.py)."""
+    labelled = [(s.name, obs, row, y) for s in stages for obs, row, y in stage_rows(model, s)] + list(extra)
     y = np.array([obs for *_, obs in labelled], dtype=float)
     rows = [row for _, _, row, _ in labelled]
+    gap = any(r.logged for r in rows)
+    names = (*PARAMS, LOG_GAP) if gap else PARAMS
     starts = {
         "every step compute-bound": [[False] * len(r.parts) for r in rows],
         "decode-only steps memory-bound": [[shape.admits == 0 for _, shape in r.parts] for r in rows],
@@ -317,8 +328,8 @@ def fit(
                 break
             seen.append(bound)
             say(f"calibrate: start '{label}', regime round {regime_round}: {sum(map(sum, bound))} memory-bound steps")
-            x = np.array([r.features(b) for r, b in zip(rows, bound, strict=True)])
-            result = linear_fit(x / y[:, None], np.ones(len(y)), fixed, say)
+            x = np.array([r.features(b, gap) for r, b in zip(rows, bound, strict=True)])
+            result = linear_fit(x / y[:, None], np.ones(len(y)), fixed, say, names)
             bound = [result.bound(r) for r in rows]
         residual = sum((result.predict(r) / yv - 1) ** 2 for r, yv in zip(rows, y, strict=True))
         tried.append((label, (residual / len(rows)) ** 0.5, sum(map(sum, (result.bound(r) for r in rows)))))

@@ -56,6 +56,9 @@ class Stage:
     think_time: Clamped = NO_THINK
     """The users' think time after each answer (seconds), from the trial's ``think_s`` and ``think_stdev_s``
     parameters; none where the trial has neither."""
+    windows: tuple[tuple[float, float], ...] = ()
+    """The (start, end) epoch seconds of each run of the stage, where the run recorded them: where to look for
+    the stage in the server's own log (iteration_log.py)."""
 
     def server_figures(self) -> dict[str, float]:
         """The server's own figures over the window: vLLM's histogram means (ms), its output token rate
@@ -199,6 +202,7 @@ def read_stages(path: Path) -> list[Stage]:
                 runs=len(runs),
                 output_stdev=spread,
                 think_time=Clamped(think, think_stdev),
+                windows=tuple((r.start_timestamp, r.end_timestamp) for r in runs),
             )
         )
     if not stages:
