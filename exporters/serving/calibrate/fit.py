@@ -233,6 +233,19 @@ def _solve(x: np.ndarray, y: np.ndarray, free: list[int]) -> tuple[np.ndarray, n
     return coef, se
 
 
+def _settled_residual(x: np.ndarray, y: np.ndarray, free: tuple[int, ...]) -> float:
+    """The residual sum of squares of the fit on the ``free`` columns once every coefficient below zero has gone,
+    choosing at each step the removal that ends best (at most a few hundred solves for six parameters)."""
+    if not free:
+        return float(y @ y)
+    coef, *_ = np.linalg.lstsq(x[:, list(free)], y, rcond=None)
+    negative = [k for k, c in enumerate(coef) if c < 0]
+    if not negative:
+        resid = y - x[:, list(free)] @ coef
+        return float(resid @ resid)
+    return min(_settled_residual(x, y, free[:k] + free[k + 1 :]) for k in negative)
+
+
 def linear_fit(
     x: np.ndarray,
     y: np.ndarray,
@@ -276,9 +289,11 @@ def linear_fit(
             free.remove(drop)
             continue
         coef, se = _solve(xn, y, free)
-        negative = [(c, j) for j, c in enumerate(coef) if c < 0]
+        negative = [j for j, c in enumerate(coef) if c < 0]
         if negative:
-            _, j = min(negative)
+            # Near-collinear columns can push several below zero at once, the most negative not always the one
+            # to go: the one goes whose removal ends (once the rest are at least 0) with the smallest residual.
+            j = min(negative, key=lambda k: (_settled_residual(xn, y, tuple(free[:k] + free[k + 1 :])), k))
             why[names[free[j]]] = f"fitted below zero ({coef[j] / scale[free[j]]:.3g}): set to 0"
             free.pop(j)
             continue

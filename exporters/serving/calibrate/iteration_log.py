@@ -99,7 +99,7 @@ def iteration_rows(
             if len(elapsed) >= LEAST:
                 shape = mixed_step(model, float(batch), 0.0, stage.prompt_tokens, context)
                 row = Row(((1.0, shape),), logged=True)
-                rows.append((stage.name, f"{OBSERVABLE} b={batch}", row, statistics.median(elapsed)))
+                rows.append((stage.name, f"{OBSERVABLE} b={batch}", row, statistics.fmean(elapsed)))
     if not seen:
         first, last = (time.strftime("%m-%d %H:%M:%S", time.localtime(f(s.second for s in steps))) for f in (min, max))
         raise CalibrationInputError(
