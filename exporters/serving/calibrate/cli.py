@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--hold-out", nargs="+", default=[], metavar="STAGE", help="stages left out of the fit")
     p.add_argument("--iteration-log", metavar="FILE", help="vLLM's log, started with --enable-logging-iteration-"
-                   "details: its decode-only steps inside the fitted stages' runs become rows of the fit (the median "
+                   "details: its decode-only steps inside the fitted stages' runs become rows of the fit (the mean "
                    "step per stage and batch; docs/calibration.md, The iteration rows)")  # fmt: skip
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
                    help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip

@@ -6,8 +6,9 @@ prefill ("context") and in decode ("generation") and the step's elapsed time, st
 logged in the server's local time. A stage's mean ITL holds its decodes' stalls behind prefills, so the stage
 rows cannot see how the decode step itself grows with the batch (a plateau while the weights' read dominates,
 then a slope); these rows can: for each fitted stage and each batch of at least ``LEAST`` decode-only steps
-logged inside the stage's runs, the median step, in the sim's formula a step of that many decodes at the
-stage's mean context. A step counts for a run when its second lies wholly inside the run's span.
+logged inside the stage's runs, their mean (as the stage rows take means), in the sim's formula a step of that
+many decodes at the stage's mean context. A step counts for a run when its second lies wholly inside the run's
+span.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ STEP = re.compile(
     r"elapsed time: (?P<ms>[\d.]+) ms"
 )
 LEAST = 20
-"""Decode-only steps of one batch in one stage below which the batch gives no row (a median of a few steps is
+"""Decode-only steps of one batch in one stage below which the batch gives no row (a mean of a few steps is
 one step's noise)."""
-OBSERVABLE = "median decode step"
+OBSERVABLE = "mean decode step"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ def iteration_rows(
     model: ModelProfile, stages: Sequence[Stage], steps: Sequence[LoggedStep], path: str = "the log"
 ) -> list[tuple[str, str, Row, float]]:
     """(stage, observable, row, observed seconds): per stage and batch with at least ``LEAST`` decode-only steps
-    in the stage's runs, their median, as a step of that many decodes at the stage's mean context. Raises when
+    in the stage's runs, their mean, as a step of that many decodes at the stage's mean context. Raises when
     no stage has any step in its runs (the log is another server's, or its clock in another time zone)."""
     rows: list[tuple[str, str, Row, float]] = []
     seen = 0
