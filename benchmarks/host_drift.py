@@ -28,6 +28,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from exporters.gpu.stats import percentile
+
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -106,20 +108,13 @@ def measure_alone(size: int, memory_mib: int, seconds: float, window_s: float, c
                 os.environ[name] = value
 
 
-def _percentile(values: list[float], q: float) -> float:
-    data = sorted(values)
-    pos = (len(data) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
-
-
 def summarise(values: list[float]) -> dict[str, float]:
     """One work's window medians (ms): their median, 5th and 95th percentiles (linear interpolation), min and
     max, ``spread`` = p95 / p5 − 1 and ``max_over_min`` = max / min − 1."""
     if not values:
         raise ValueError("no windows measured")
-    p5, p95 = _percentile(values, 0.05), _percentile(values, 0.95)
+    data = sorted(values)
+    p5, p95 = percentile(data, 0.05), percentile(data, 0.95)
     return {
         "median_ms": statistics.median(values),
         "p5_ms": p5,
