@@ -15,6 +15,7 @@ the field, as :class:`ProfileError`)::
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,8 @@ from loadlens.contracts.profile_schema import (
 )
 
 GPU_DIR = Path(__file__).with_name("gpu_profiles")
+SPREAD_MEAN_TOLERANCE_S = 1e-6
+"""How far ``step_spread_seconds``' mean may be from 0 (its values are written rounded)."""
 
 
 class Thermal(ProfileModel):
@@ -95,6 +98,11 @@ class GPUProfile(ProfileFile):
     frontend_per_running_seconds: NonNegative = 0.0
     """Output processing per running request: a step's tokens reach the streams, and vLLM's TTFT and E2E
     stamps, this × the step's sequences after the step ends (in order: never before the previous step's)."""
+    step_spread_seconds: tuple[Annotated[float, number(-math.inf, strict=False)], ...] = ()
+    """The engine step's spread around its modeled time, seconds: equal-probability shares of a measured
+    engine's steps, each value the mean of one share of the steps' differences from their batch's mean,
+    ascending, their mean 0. The sim adds one drawn at random to each step's modeled time (``loadlens
+    calibrate`` measures it from vLLM's step log); empty: every step takes its modeled time."""
 
     def _consistent(self) -> None:
         require(self.driver_reserved_bytes + self.cuda_context_bytes < self.memory_bytes, "driver_reserved_bytes",
@@ -103,6 +111,14 @@ class GPUProfile(ProfileFile):
         require(self.idle_sm_clock_hz <= self.max_sm_clock_hz, "idle_sm_clock_hz", "must be <= max_sm_clock_hz")
         require(self.thermal.slowdown_celsius > self.thermal.ambient_celsius, "thermal.slowdown_celsius",
                 "must be above ambient_celsius")  # fmt: skip
+        spread = self.step_spread_seconds
+        if spread:
+            require(len(spread) >= 2, "step_spread_seconds", f"needs at least 2 values, got {len(spread)}")
+            require(all(a <= b for a, b in zip(spread, spread[1:], strict=False)), "step_spread_seconds",
+                    "must be ascending")  # fmt: skip
+            mean = sum(spread) / len(spread)
+            require(abs(mean) <= SPREAD_MEAN_TOLERANCE_S, "step_spread_seconds",
+                    f"must have mean 0 (a spread around the modeled step), got {mean:.6g}")  # fmt: skip
 
 
 def gpu_profile_names() -> list[str]:

@@ -18,6 +18,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from exporters.serving.calibrate import step_spread
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.client_overhead import ClientOverhead, Line, fit_client_overhead
 from exporters.serving.calibrate.delivery_noise import DeliveryNoise, fit_delivery_noise
@@ -107,6 +108,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--iteration-log", metavar="FILE", help="vLLM's log, started with --enable-logging-iteration-"
                    "details: its decode-only steps inside the fitted stages' runs become rows of the fit (the mean "
                    "step per stage and batch; docs/calibration.md, The iteration rows)")  # fmt: skip
+    p.add_argument("--no-step-spread", action="store_true", help="with --iteration-log: leave the logged "
+                   "steps' spread out of the profile (each sim step then takes its modeled time)")  # fmt: skip
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
                    help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip
     p.add_argument("--no-predict", action="store_true", help="fit and write only; no replay on the sim")
@@ -327,15 +330,20 @@ def run(args: argparse.Namespace) -> int:
     warnings = prefix_cache_warnings(stages)
     for line in warnings:
         _say(f"calibrate: warning: {line}")
-    extra = []
+    extra, steps = [], []
     if args.iteration_log:
         try:
-            extra = iteration_rows(model, fit_stages, read_steps(args.iteration_log, fit_stages), args.iteration_log)
+            steps = read_steps(args.iteration_log, fit_stages)
+            extra = iteration_rows(model, fit_stages, steps, args.iteration_log)
         except CalibrationInputError as err:
             raise UsageError(str(err)) from err
         _say(f"calibrate: vLLM's iteration log: {len(extra)} rows (stage, batch) of at least {LEAST} decode-only steps")
     result = fit(model, fit_stages, fixed=[p for p in args.fix if p in PARAMS], say=_say, extra=extra)
     overhead = fit_client_overhead(fit_stages, args.constant_client_overhead)
+    spread = None
+    if steps and not args.no_step_spread:
+        spread = step_spread.measure(fit_stages, steps)
+    values = spread.values if spread else ()
 
     delivery_s = 0.0  # fitted below, once the profile is
 
@@ -354,9 +362,9 @@ def run(args: argparse.Namespace) -> int:
         f"(stages {', '.join(s.name for s in fit_stages)}; model profile {model.name})"
     )
     try:
-        step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks, scheduler=limits)
+        step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks, None, limits, values)
         frontend = fit_frontend_replayed(model, step_only, fit_stages, args.fix, _say, outside)
-        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend, scheduler=limits)
+        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend, limits, values)
     except OSError as err:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
     except ProfileError as err:
@@ -377,6 +385,8 @@ def run(args: argparse.Namespace) -> int:
           f"profile): {noise.note}")  # fmt: skip
     if noise.per_stage_s:
         print("  per stage, ms: " + ", ".join(f"{k} {v * 1000:.2f}" for k, v in noise.per_stage_s.items()))
+    if spread is not None:
+        print(f"\nstep spread (vLLM's logged steps around their mean; in the profile): {spread.note()}")
     print(f"\nKV capacity: {kv.reason}")
     print(f"\nscheduler limits: max_num_seqs {limits['max_num_seqs']}, max_num_batched_tokens "
           f"{limits['max_num_batched_tokens']} ({sources['limits']}); async scheduling "
@@ -400,6 +410,9 @@ def run(args: argparse.Namespace) -> int:
         if overhead
         else None,
         "delivery_noise": {"mean_s": noise.mean_s, "per_stage_s": noise.per_stage_s, "model": noise.note},
+        "step_spread": {"values": list(spread.values), "steps": spread.steps, "groups": spread.groups}
+        if spread is not None
+        else None,
         "kv_capacity": {
             "blocks": kv.capacity.blocks if kv.capacity else None,
             "block_size": kv.capacity.block_size if kv.capacity else None,

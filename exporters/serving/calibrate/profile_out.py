@@ -10,7 +10,9 @@ profile's existing fields:
 - ``default_knobs.num_gpu_blocks``, the KV capacity the server stated (``kv.py``), where it stated one;
 - ``default_knobs.max_num_seqs``, ``max_num_batched_tokens`` and ``async_scheduling``, the server's scheduler
   limits and whether it plans ahead (given to calibrate, or the base profile's);
-- ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``, the frontend fit's (absent: 0).
+- ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``, the frontend fit's (absent: 0);
+- ``step_spread_seconds``, the logged steps' spread around their mean (``step_spread.py``), where calibrate measured
+  one; else none, whatever the base profile had (a spread is a measured engine's, not the base's).
 
 A term the data did not identify is written as free: ``peak_tensor_flops`` or ``hbm_bytes_per_s`` 1e30 (the
 term is then ~0 s), the overheads 0. Memory, power, clocks, LoRA and thermal fields stay the base's.
@@ -18,7 +20,7 @@ term is then ~0 s), the overheads 0. Memory, power, clocks, LoRA and thermal fie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -39,6 +41,7 @@ def profile_document(
     kv_blocks: int | None = None,
     frontend: FrontendFit | None = None,
     scheduler: Mapping[str, int | bool] | None = None,
+    step_spread: Sequence[float] = (),
 ) -> dict[str, object]:
     doc: dict[str, object] = yaml.safe_load(Path(base.path).read_text(encoding="utf-8"))
     v = fit.values
@@ -60,6 +63,9 @@ def profile_document(
     f = frontend.values if frontend is not None else {}
     doc["frontend_fixed_seconds"] = float(f"{f.get('frontend_fixed_s', 0.0):.6g}")
     doc["frontend_per_running_seconds"] = float(f"{f.get('frontend_per_running_s', 0.0):.6g}")
+    doc.pop("step_spread_seconds", None)
+    if step_spread:
+        doc["step_spread_seconds"] = [float(v) for v in step_spread]
     return doc
 
 
@@ -72,9 +78,10 @@ def write_profile(
     kv_blocks: int | None = None,
     frontend: FrontendFit | None = None,
     scheduler: Mapping[str, int | bool] | None = None,
+    step_spread: Sequence[float] = (),
 ) -> GPUProfile:
     """Write the profile and load it back through the sim's loader (strict validation)."""
-    doc = profile_document(fit, base, name, source, kv_blocks, frontend, scheduler)
+    doc = profile_document(fit, base, name, source, kv_blocks, frontend, scheduler, step_spread)
     header = "# Written by `loadlens calibrate` (docs/calibration.md); a sim GPU profile.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110), encoding="utf-8")

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -66,10 +65,10 @@ from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.sched_types import Adapter, SchedRequest
 from exporters.serving.engines.sim.scheduler import Scheduler
 from exporters.serving.engines.sim.step_planner import StepPlanner
-from exporters.serving.engines.sim.step_pricing import price_step
+from exporters.serving.engines.sim.step_pricing import StepNoise, price_step
 from exporters.serving.engines.sim.stream import SimStream
 from exporters.serving.engines.sim.timer import DeadlineTimer, Timer
-from exporters.serving.engines.sim.tokenizer import make_words, stable_seed
+from exporters.serving.engines.sim.tokenizer import make_words
 from exporters.serving.engines.sim.vllm_metrics import VllmMetrics, mfu_step
 from loadlens.contracts import mfu, model_config
 from loadlens.contracts.model_profile import ModelProfile
@@ -136,7 +135,7 @@ class SimEngine(Engine):
         self._device, self._frontend = DeviceModel(model, gpu, seed=seed, clock=clock), Frontend(gpu, speed, clock)
         self._device.configure(k)
         self._words = make_words(seed)
-        self._jitter_rng = random.Random(stable_seed("jitter", seed))
+        self._noise = StepNoise(jitter, gpu.step_spread_seconds, seed)
         self._adapters = AdapterRegistry(model, self.served_model_name)
         self._live = LiveRequests()
         self._ops: deque[AdapterOp] = deque()
@@ -369,10 +368,10 @@ class SimEngine(Engine):
             timing.scheduled = max(planned, timing.queued) if timing.queued is not None else planned
         for req in batch.preempted:
             live[req.request_id].stream.timing.preemptions += 1
-        factor = math.exp(self._jitter_rng.gauss(0.0, self.jitter)) if self.jitter else 1.0
+        factor, spread = self._noise.draw()
         insertion = self._state.knobs.insertion_overhead_us * 1e-6
         step = price_step(self.model, self.gpu, batch, start=t0, speed=speed, factor=factor,
-                          insertion_overhead=insertion)  # fmt: skip
+                          insertion_overhead=insertion, spread_seconds=spread)  # fmt: skip
         if batch.num_admitted:
             self._last_admission = t0
         for load in batch.adapter_loads:

@@ -1,16 +1,41 @@
 """A planned step's instants on the loop's clock: the roofline cost of its batch, adapter activations that
-stall it first, the jitter factor and ``speed``."""
+stall it first, the step's noise factor (the profile's measured spread and the ``jitter`` knob) and
+``speed``."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporters.serving.engines.sim import roofline
 from exporters.serving.engines.sim.profile import GPUProfile
 from exporters.serving.engines.sim.roofline import StepCost
 from exporters.serving.engines.sim.sched_types import ScheduledBatch
+from exporters.serving.engines.sim.tokenizer import stable_seed
 from loadlens.contracts.model_profile import ModelProfile
+
+
+class StepNoise:
+    """What each step's modeled seconds become: ``modeled × exp(N(0, jitter)) + spread``, the factor the
+    ``--jitter`` knob's lognormal (median 1; 1.0 without), the spread one of the GPU profile's
+    ``step_spread_seconds`` drawn at random (mean 0: a measured engine's steps around their mean; 0.0
+    without). Each has its own seeded stream, so a profile with a spread leaves the jitter's draws as they
+    were."""
+
+    def __init__(self, jitter: float, spread_seconds: Sequence[float], seed: int) -> None:
+        self.jitter = jitter
+        self.spread_seconds = tuple(spread_seconds)
+        self._jitter_rng = random.Random(stable_seed("jitter", seed))
+        self._spread_rng = random.Random(stable_seed("step_spread", seed))
+
+    def draw(self) -> tuple[float, float]:
+        """(factor, seconds added) for the next step."""
+        factor = math.exp(self._jitter_rng.gauss(0.0, self.jitter)) if self.jitter else 1.0
+        spread = self.spread_seconds
+        return factor, spread[self._spread_rng.randrange(len(spread))] if spread else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +61,12 @@ def price_step(
     speed: float,
     factor: float,
     insertion_overhead: float = 0.0,
+    spread_seconds: float = 0.0,
 ) -> PricedStep:
-    """``factor`` scales every modeled second (jitter; 1.0 without); wall = modeled x factor / speed.
-    ``insertion_overhead`` (modeled s) is host time added when the step admits waiting requests."""
+    """``factor`` scales every modeled second (jitter; 1.0 without) and ``spread_seconds`` (modeled s, either
+    sign) is added to the step: wall = (modeled x factor + spread) / speed, the step never ending before its
+    host overhead does. ``insertion_overhead`` (modeled s) is host time added when the step admits waiting
+    requests."""
     stall = 0.0
     loads: list[tuple[str, float]] = []
     for load in batch.adapter_loads:
@@ -49,7 +77,7 @@ def price_step(
     cost = roofline.step_cost(model, gpu, batch.shape, stall_seconds=stall)
     if insertion_overhead and batch.num_admitted:
         cost = dataclasses.replace(cost, overhead_seconds=cost.overhead_seconds + insertion_overhead)
-    end = start + cost.total_seconds * factor / speed
     stall_end = start + stall * factor / speed
     busy_start = stall_end + cost.overhead_seconds * factor / speed
+    end = max(busy_start, start + (cost.total_seconds * factor + spread_seconds) / speed)
     return PricedStep(cost, start, stall_end, busy_start, end, tuple(loads))
