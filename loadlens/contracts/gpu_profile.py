@@ -15,7 +15,6 @@ the field, as :class:`ProfileError`)::
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +29,7 @@ from loadlens.contracts.profile_schema import (
     Positive,
     ProfileFile,
     ProfileModel,
+    SecondsList,
     Text,
     integer,
     load_profile,
@@ -98,7 +98,7 @@ class GPUProfile(ProfileFile):
     frontend_per_running_seconds: NonNegative = 0.0
     """Output processing per running request: a step's tokens reach the streams, and vLLM's TTFT and E2E
     stamps, this × the step's sequences after the step ends (in order: never before the previous step's)."""
-    step_spread_seconds: tuple[Annotated[float, number(-math.inf, strict=False)], ...] = ()
+    step_spread_seconds: SecondsList = ()
     """The engine step's spread around its modeled time, seconds: equal-probability shares of a measured
     engine's steps, each value the mean of one share of the steps' differences from their batch's mean,
     ascending, their mean 0. The sim adds one drawn at random to each step's modeled time (``loadlens

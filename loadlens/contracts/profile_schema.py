@@ -107,6 +107,13 @@ def knobs(value: Any) -> dict[str, Any]:
     return value
 
 
+def sequence(value: Any) -> Any:
+    """A YAML list (its items checked by their own type); anything else is refused in the profile's words."""
+    if not isinstance(value, list | tuple):
+        raise fail(f"must be a list of numbers, got {value!r}")
+    return value
+
+
 Positive = Annotated[float, number()]
 NonNegative = Annotated[float, number(strict=False)]
 Fraction = Annotated[float, number(maximum=1.0)]
@@ -114,6 +121,9 @@ Count = Annotated[int, integer()]
 Text = Annotated[str, BeforeValidator(text)]
 Flag = Annotated[bool, BeforeValidator(boolean)]
 KnobDefaults = Annotated[dict[str, Any], BeforeValidator(knobs)]
+Seconds = Annotated[float, number(-math.inf, strict=False)]
+"""A finite number of seconds of either sign."""
+SecondsList = Annotated[tuple[Seconds, ...], BeforeValidator(sequence)]
 
 
 class ProfileModel(BaseModel):

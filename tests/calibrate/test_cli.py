@@ -4,6 +4,7 @@ errors (exit 2) for unusable input."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,32 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
 
     # p600-c2's 600-token prompts take ten 64-token steps each: its first token comes later.
     assert ttft(small, "p600-c2") > ttft(big, "p600-c2")
+
+
+def test_the_logged_steps_spread_goes_into_the_profile(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The known sweep's runs span seconds 0 to 4 of the epoch: a log of steps in its second 1, read in this
+    # host's zone, 2.0 and 2.4 ms single decodes alike: each of the five stages one group, 0.2 ms either side.
+    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(1.0))
+    line = (f"(APIServer pid=1) INFO {stamp} [loggers.py:199] Engine 000: Iteration(1): 0 context requests, 0 "
+            "context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: {ms} ms")  # fmt: skip
+    log = tmp_path / "vllm.log"
+    log.write_text("\n".join(line.format(ms=ms) for ms in ("2.0", "2.4") * 20) + "\n")
+    out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
+    base = ["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
+            "--no-delivery-noise", "--json", str(report), "--iteration-log", str(log)]  # fmt: skip
+    assert main(base) == 0
+    assert load_gpu_profile(str(out)).step_spread_seconds == (-0.0002,) * 25 + (0.0002,) * 25
+    assert json.loads(report.read_text())["step_spread"] == {
+        "values": [-0.0002] * 25 + [0.0002] * 25, "steps": 200, "groups": 5}  # fmt: skip
+    assert ("step spread (vLLM's logged steps around their mean; in the profile): 200 decode-only steps in 5 "
+            "(stage, batch) groups, each against its group's mean, ms: P10 -0.20, P50 +0.20, P90 +0.20, P99 +0.20; "
+            "the sim adds one of its 50 values to each step") in capsys.readouterr().out.splitlines()  # fmt: skip
+    assert main([*base, "--no-step-spread"]) == 0
+    assert load_gpu_profile(str(out)).step_spread_seconds == ()
+    assert json.loads(report.read_text())["step_spread"] is None
+    assert "step spread" not in capsys.readouterr().out
 
 
 def _code_and_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

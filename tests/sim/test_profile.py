@@ -112,6 +112,14 @@ def test_broken_model_profiles_name_file_and_field(tmp_path: Path, changes: dict
         ({"power_idle_watts": 900}, "field 'power_idle_watts': must be below power_limit_watts"),
         ({"thermal": {"ambient_celsius": 30}}, "field 'thermal.thermal_resistance_c_per_w': missing"),
         ({"marketing_name": None}, "field 'marketing_name': missing"),
+        ({"step_spread_seconds": [0.001]}, "field 'step_spread_seconds': needs at least 2 values, got 1"),
+        ({"step_spread_seconds": [0.001, -0.001]}, "field 'step_spread_seconds': must be ascending"),
+        (
+            {"step_spread_seconds": [0.0, 0.002]},
+            "field 'step_spread_seconds': must have mean 0 (a spread around the modeled step), got 0.001",
+        ),  # fmt: skip
+        ({"step_spread_seconds": [-0.001, "late"]}, "field 'step_spread_seconds[1]': must be a number, got 'late'"),
+        ({"step_spread_seconds": 0.001}, "field 'step_spread_seconds': must be a list of numbers, got 0.001"),
     ],
 )
 def test_broken_gpu_profiles_name_file_and_field(tmp_path: Path, changes: dict[str, object], message: str) -> None:

@@ -65,7 +65,7 @@ def price_step(
 ) -> PricedStep:
     """``factor`` scales every modeled second (jitter; 1.0 without) and ``spread_seconds`` (modeled s, either
     sign) is added to the step: wall = (modeled x factor + spread) / speed, the step never ending before its
-    host overhead does. ``insertion_overhead`` (modeled s) is host time added when the step admits waiting
+    adapter activations do. ``insertion_overhead`` (modeled s) is host time added when the step admits waiting
     requests."""
     stall = 0.0
     loads: list[tuple[str, float]] = []
@@ -78,6 +78,7 @@ def price_step(
     if insertion_overhead and batch.num_admitted:
         cost = dataclasses.replace(cost, overhead_seconds=cost.overhead_seconds + insertion_overhead)
     stall_end = start + stall * factor / speed
-    busy_start = stall_end + cost.overhead_seconds * factor / speed
-    end = max(busy_start, start + (cost.total_seconds * factor + spread_seconds) / speed)
+    end = max(stall_end, start + (cost.total_seconds * factor + spread_seconds) / speed)
+    # A spread below the host overhead shortens the overhead: no busy time then.
+    busy_start = min(end, stall_end + cost.overhead_seconds * factor / speed)
     return PricedStep(cost, start, stall_end, busy_start, end, tuple(loads))

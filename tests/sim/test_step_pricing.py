@@ -1,0 +1,60 @@
+"""A step's instants and its noise (exporters/serving/engines/sim/step_pricing.py): the profile's measured
+``step_spread_seconds`` added to the modeled step, the ``--jitter`` lognormal multiplied, each from a seeded
+stream of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporters.serving.engines.sim import load_gpu_profile, load_model_profile
+from exporters.serving.engines.sim import roofline as rl
+from exporters.serving.engines.sim.sched_types import ScheduledBatch
+from exporters.serving.engines.sim.step_pricing import StepNoise, price_step
+from tests.sim.roofline_shapes import decode_shape
+
+MODEL = load_model_profile("qwen2.5-7b")
+GPU = load_gpu_profile("h100-sxm")
+
+
+def _batch(batch: int = 4, context: int = 200) -> ScheduledBatch:
+    return ScheduledBatch([], [], decode_shape(batch, context), [], [], [], [], 0, 0)
+
+
+def test_the_spread_is_added_to_the_modeled_step_and_scaled_by_speed_like_it() -> None:
+    cost = rl.step_cost(MODEL, GPU, _batch().shape)
+    plain = price_step(MODEL, GPU, _batch(), start=10.0, speed=2.0, factor=1.5)
+    assert plain.end == pytest.approx(10.0 + cost.total_seconds * 1.5 / 2.0, rel=1e-12)
+    later = price_step(MODEL, GPU, _batch(), start=10.0, speed=2.0, factor=1.5, spread_seconds=0.004)
+    assert later.end == pytest.approx(plain.end + 0.002, rel=1e-12)
+    # The host overhead and the kernels' start are the model's: the spread moves only the end.
+    assert (later.busy_start, later.stall_end, later.cost) == (plain.busy_start, plain.stall_end, plain.cost)
+
+
+def test_a_step_never_ends_before_its_adapter_activations_do() -> None:
+    short = price_step(MODEL, GPU, _batch(), start=0.0, speed=1.0, factor=1.0, spread_seconds=-10.0)
+    assert short.end == short.busy_start == short.stall_end == 0.0  # no stall: a step of no time
+    cost = rl.step_cost(MODEL, GPU, _batch().shape)
+    early = -(cost.total_seconds - cost.overhead_seconds / 2)  # ends halfway through the host overhead
+    cut = price_step(MODEL, GPU, _batch(), start=0.0, speed=1.0, factor=1.0, spread_seconds=early)
+    assert cut.end == cut.busy_start == pytest.approx(cost.overhead_seconds / 2, rel=1e-9)  # no busy time left
+
+
+def test_the_noise_draws_the_profiles_values_from_a_seeded_stream_of_its_own() -> None:
+    spread = (-0.002, -0.001, 0.0, 0.003)
+    noise = StepNoise(0.0, spread, seed=7)
+    got = [noise.draw() for _ in range(400)]
+    assert {factor for factor, _ in got} == {1.0}
+    assert {added for _, added in got} == set(spread)  # each value drawn, nothing else
+    again = StepNoise(0.0, spread, seed=7)
+    assert [again.draw() for _ in range(400)] == got
+    other = StepNoise(0.0, spread, seed=8)
+    assert [other.draw() for _ in range(400)] != got
+
+
+def test_a_spread_leaves_the_jitters_draws_as_they_were() -> None:
+    alone, both = StepNoise(0.3, (), seed=3), StepNoise(0.3, (-0.001, 0.001), seed=3)
+    factors = [alone.draw() for _ in range(50)]
+    assert [f for f, _ in factors] == [f for f, _ in (both.draw() for _ in range(50))]
+    assert {added for _, added in factors} == {0.0}
+    assert all(f != 1.0 for f, _ in factors)
+    assert StepNoise(0.0, (), seed=3).draw() == (1.0, 0.0)
