@@ -115,6 +115,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     env_arg(
         p,
+        "--enable-logging-iteration-details",
+        action="store_true",
+        default=False,
+        help="sim: write vLLM's line for each engine step to stderr (vLLM's flag of the same name): its context "
+        "and generation requests and tokens, its elapsed time, the KV usage",
+    )
+    env_arg(
+        p,
         "--model-config",
         default=None,
         help="openai engine, with --enable-mfu-metrics: the upstream model's shape, a Hugging Face config.json, a "
@@ -174,6 +182,9 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
             raise UsageError("--engine openai needs --upstream URL (or LOADLENS_UPSTREAM)")
         if _knob_overrides(args):
             raise UsageError("--knob applies to the sim engine only; configure the upstream server itself")
+        if args.enable_logging_iteration_details:
+            raise UsageError("--enable-logging-iteration-details applies to the sim engine only; start the upstream "
+                             "vLLM with it")  # fmt: skip
         shape = _mfu_shape(args)
         try:
             engine = OpenAIProxyEngine(
@@ -205,6 +216,7 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
     if args.model_config is not None:
         raise UsageError("--model-config applies to --engine openai only (the sim's model is --model-profile)")
     from exporters.serving.engines.sim import ProfileError, SimEngine, load_gpu_profile, load_model_profile
+    from exporters.serving.engines.sim.iteration_details import IterationDetailsLogger
 
     try:
         model = load_model_profile(args.model_profile)
@@ -222,9 +234,14 @@ def build_engine(args: argparse.Namespace, registry: Any) -> Any:
             jitter=args.jitter,
             knobs=_knob_overrides(args),
             enable_mfu_metrics=args.enable_mfu_metrics,
+            stat_loggers=[IterationDetailsLogger(_stderr_line)] if args.enable_logging_iteration_details else (),
         )
     except (EngineError, ValueError) as err:
         raise UsageError(str(err)) from err
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _write_tokenizer(args: argparse.Namespace) -> int:

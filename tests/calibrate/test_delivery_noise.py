@@ -42,6 +42,10 @@ def test_the_estimate_is_the_median_of_the_stages_spread_beyond_the_replays() ->
         "1 ms mean, the median over 2 fitted stages of (client ITL P99 − P50, real − replay without it) / ln 50; "
         "left out, their replay's P99 on the engine's stalls: b"
     )
+    # A profile whose step spread alone puts 9.5 ms between a replay's P50 and P99: b's 10 ms is its steps'.
+    spread_steps = fit_delivery_noise(real, quiet, step_spread_s=0.0095)
+    assert (spread_steps.left_out, spread_steps.mean_s) == ((), pytest.approx(0.002))
+    assert fit_delivery_noise(real, quiet, step_spread_s=0.0089).left_out == ("b",)
     only_stalled = fit_delivery_noise({"b": real["b"]}, quiet)  # every stage stalled: all are used
     assert (only_stalled.mean_s, only_stalled.left_out) == (pytest.approx(0.003), ())
     assert spread({"median_itl_ms": 1.0}) is None

@@ -30,13 +30,13 @@ def test_the_spread_is_added_to_the_modeled_step_and_scaled_by_speed_like_it() -
     assert (later.busy_start, later.stall_end, later.cost) == (plain.busy_start, plain.stall_end, plain.cost)
 
 
-def test_a_step_never_ends_before_its_adapter_activations_do() -> None:
-    short = price_step(MODEL, GPU, _batch(), start=0.0, speed=1.0, factor=1.0, spread_seconds=-10.0)
-    assert short.end == short.busy_start == short.stall_end == 0.0  # no stall: a step of no time
+def test_a_step_never_ends_before_its_host_overhead_does() -> None:
     cost = rl.step_cost(MODEL, GPU, _batch().shape)
-    early = -(cost.total_seconds - cost.overhead_seconds / 2)  # ends halfway through the host overhead
-    cut = price_step(MODEL, GPU, _batch(), start=0.0, speed=1.0, factor=1.0, spread_seconds=early)
-    assert cut.end == cut.busy_start == pytest.approx(cost.overhead_seconds / 2, rel=1e-9)  # no busy time left
+    short = price_step(MODEL, GPU, _batch(), start=0.0, speed=1.0, factor=1.0, spread_seconds=-10.0)
+    assert short.end == short.busy_start == pytest.approx(cost.overhead_seconds, rel=1e-12)  # a run of no time
+    busy = cost.total_seconds - cost.overhead_seconds
+    cut = price_step(MODEL, GPU, _batch(), start=0.0, speed=1.0, factor=1.0, spread_seconds=-busy / 2)
+    assert cut.end - cut.busy_start == pytest.approx(busy / 2, rel=1e-9)
 
 
 def test_the_noise_draws_the_profiles_values_from_a_seeded_stream_of_its_own() -> None:

@@ -378,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
             gap, turn = outside(s)
             quiet[s.name] = replay_runs(model, gpu, stage_load(s), s.runs, client_overhead_s=gap,
                                         turnaround_s=turn).figures  # fmt: skip
-        noise = fit_delivery_noise({s.name: s.figures for s in fit_stages}, quiet)
+        tail = spread.tail_s() if spread is not None else 0.0
+        noise = fit_delivery_noise({s.name: s.figures for s in fit_stages}, quiet, tail)
     delivery_s = noise.mean_s
     print_fit(result, overhead, frontend)
     print(f"\ndelivery noise (the host's delay between the engine and the client; the replay adds it; not in the "

@@ -13,7 +13,8 @@ arrival.
 ``m`` is fitted per fitted stage as the client ITL's P99 − P50 on the real server minus the same in a replay
 without the noise, over ``ln 50``, never below 0, and the median over the stages is used. A stage whose replay
 without noise already has its P99 on the engine's own long intervals (more than ``STALL_SPREAD`` above its
-median: decodes that waited out another request's prefill, about 1 % of them in a 2-user stage) is left out:
+median, beyond what the profile's step spread alone puts there: decodes that waited out another request's
+prefill, about 1 % of them in a 2-user stage) is left out:
 there the P99 sits on a knife edge between the steps and the stalls, and noise moves it either way
 (docs/calibration.md, *Ranks*). Where every stage is such, all are used. Like the client overhead it is not
 in the profile: ``loadlens serve`` streams through an HTTP layer of its own.
@@ -52,10 +53,13 @@ def spread(figures: Mapping[str, float | None]) -> float | None:
 
 
 def fit_delivery_noise(
-    real: Mapping[str, Mapping[str, float | None]], quiet: Mapping[str, Mapping[str, float | None]]
+    real: Mapping[str, Mapping[str, float | None]],
+    quiet: Mapping[str, Mapping[str, float | None]],
+    step_spread_s: float = 0.0,
 ) -> DeliveryNoise:
     """``real`` and ``quiet``: each fitted stage's client figures on the server and in a replay without the
-    noise."""
+    noise; ``step_spread_s``: the P99 − P50 of the profile's step spread (seconds), which every replay's
+    intervals have without any stall."""
     per_stage: dict[str, float] = {}
     stalled: list[str] = []
     for name, figures in real.items():
@@ -64,7 +68,7 @@ def fit_delivery_noise(
         if r is None or q is None or not q50:
             continue
         per_stage[name] = max(0.0, r - q) / LN50
-        if q > STALL_SPREAD * q50 / 1000:
+        if q > STALL_SPREAD * q50 / 1000 + step_spread_s:
             stalled.append(name)
     if not per_stage:
         return DeliveryNoise(0.0, {}, "none: no fitted stage has the client's ITL P50 and P99 (0 used)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -30,11 +31,14 @@ from exporters.serving.calibrate.user_draws import NO_THINK, Clamped, output_len
 from exporters.serving.engine import GenerationRequest, SamplingParams
 from exporters.serving.engines.sim import SimEngine
 from exporters.serving.engines.sim.profile import GPUProfile
+from exporters.serving.engines.sim.stats import StatLogger
 from exporters.serving.engines.sim.virtual_time import LoopTimer, VirtualTimeLoop
 from loadlens.contracts.engine_counters import SPAN, counter_increases, parse_engine_counters
 from loadlens.contracts.kv_capacity import KvCapacity, parse_kv_capacity
 from loadlens.contracts.model_profile import ModelProfile
 
+Loggers = Callable[[Callable[[], float]], Sequence[StatLogger]]
+"""Given the replay's virtual clock, stat loggers for its engine beside its Prometheus one."""
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _WORDS = tuple(a + b + c for a in _LETTERS for b in _LETTERS for c in _LETTERS)
 """Every three-letter word, in order: word i is letters (i // 676, i // 26, i) mod 26."""
@@ -108,11 +112,13 @@ async def _replay(
     turnaround_s: float,
     delivery_s: float = 0.0,
     seed: int = 0,
+    loggers: Loggers | None = None,
 ) -> Replayed:
     loop = asyncio.get_running_loop()
     registry = CollectorRegistry()
     engine = SimEngine(model, gpu, registry=registry, served_model_name="tiny-replay", speed=1.0, seed=0,
-                       jitter=0.0, knobs=knobs, clock=loop.time, timer=LoopTimer)  # fmt: skip
+                       jitter=0.0, knobs=knobs, clock=loop.time, timer=LoopTimer,
+                       stat_loggers=loggers(loop.time) if loggers else ())  # fmt: skip
     await engine.start()
     t0 = loop.time() + load.warmup_s
     t1 = t0 + load.duration_s
@@ -207,9 +213,11 @@ def replay(
     turnaround_s: float = 0.0,
     delivery_noise_s: float = 0.0,
     seed: int = 0,
+    loggers: Loggers | None = None,
 ) -> Replayed:
     """The stage's figures from the sim (a fresh engine on a fresh virtual-time loop); ``seed`` picks the draws
-    (time outside the engine, lengths, think times, delivery delays)."""
+    (time outside the engine, lengths, think times, delivery delays); ``loggers``, given the loop's virtual
+    clock, makes more stat loggers for the engine (a test's view of its steps)."""
     done: list[Replayed] = []
 
     async def run() -> None:
@@ -217,7 +225,7 @@ def replay(
         # holds the task, and Python's signal module formats that handler (the result's thousands of samples
         # with it) each time it reads it back.
         done.append(await _replay(model, gpu, load, dict(knobs or {}), client_overhead_s, turnaround_s,
-                                  delivery_noise_s, seed))  # fmt: skip
+                                  delivery_noise_s, seed, loggers))  # fmt: skip
 
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
         runner.run(run())

@@ -39,6 +39,10 @@ class StepSpread:
         """The value covering probability ``q`` (0 < q < 1) of a step drawn from it."""
         return self.values[min(len(self.values) - 1, int(q * len(self.values)))]
 
+    def tail_s(self) -> float:
+        """P99 − P50: what the spread alone puts between a replay's median interval and its P99 (0 without)."""
+        return self.quantile(0.99) - self.quantile(0.5) if self.values else 0.0
+
     def note(self) -> str:
         if not self.values:
             return f"none: {self.steps} decode-only steps in the fitted stages' groups, fewer than {POINTS}"

@@ -382,8 +382,8 @@ class SimEngine(Engine):
         self._device.record_step(step.cost, batch.shape, busy_start=step.busy_start, end=step.end)
         est = mfu_step(self._mfu, batch.reqs, batch.num_new) if self._mfu is not None else mfu.NOTHING
         step_stats = stats.StepStats(step.end - t0, batch.shape.num_seqs, len(batch.preempted), batch.prefix_queries,
-                          batch.prefix_hits, list(step.adapter_loads), flops=est.flops, read_bytes=est.read_bytes,
-                          write_bytes=est.write_bytes)  # fmt: skip
+                          batch.prefix_hits, list(step.adapter_loads), est.flops, est.read_bytes, est.write_bytes,
+                          step.end - step.busy_start, batch.iteration_counts())  # fmt: skip
         self._stats.record_step(step_stats)
 
         await self._sleep_until(step.end)

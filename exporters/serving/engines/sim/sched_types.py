@@ -115,6 +115,13 @@ class ScheduledBatch:
     def __bool__(self) -> bool:
         return bool(self.reqs)
 
+    def iteration_counts(self) -> tuple[int, int, int, int]:
+        """(context requests, their tokens, generation requests, their tokens), as vLLM's iteration log counts
+        them (``compute_iteration_details``): a request is in its context phase until it has an output token."""
+        ctx = [n for req, n in zip(self.reqs, self.num_new, strict=True) if req.num_output == 0]
+        gen = [n for req, n in zip(self.reqs, self.num_new, strict=True) if req.num_output > 0]
+        return len(ctx), sum(ctx), len(gen), sum(gen)
+
 
 @dataclass(frozen=True, slots=True)
 class Reconfigured:

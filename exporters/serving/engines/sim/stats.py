@@ -56,6 +56,10 @@ class StepStats:
     """The same estimate's bytes read: weights once, layer inputs, the KV cache attended to."""
     write_bytes: float = 0.0
     """The same estimate's bytes written: layer outputs, the new tokens' K and V, logits."""
+    busy_seconds: float = 0.0
+    """Wall seconds of the step after its host overhead: the model's run, which vLLM's iteration log times."""
+    counts: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """(context requests, their tokens, generation requests, their tokens), as vLLM's iteration log counts."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,8 +64,8 @@ def price_step(
     spread_seconds: float = 0.0,
 ) -> PricedStep:
     """``factor`` scales every modeled second (jitter; 1.0 without) and ``spread_seconds`` (modeled s, either
-    sign) is added to the step: wall = (modeled x factor + spread) / speed, the step never ending before its
-    adapter activations do. ``insertion_overhead`` (modeled s) is host time added when the step admits waiting
+    sign) is added to the step's run: wall = (modeled x factor + spread) / speed, the step never ending before
+    its host overhead does. ``insertion_overhead`` (modeled s) is host time added when the step admits waiting
     requests."""
     stall = 0.0
     loads: list[tuple[str, float]] = []
@@ -78,7 +78,7 @@ def price_step(
     if insertion_overhead and batch.num_admitted:
         cost = dataclasses.replace(cost, overhead_seconds=cost.overhead_seconds + insertion_overhead)
     stall_end = start + stall * factor / speed
-    end = max(stall_end, start + (cost.total_seconds * factor + spread_seconds) / speed)
-    # A spread below the host overhead shortens the overhead: no busy time then.
-    busy_start = min(end, stall_end + cost.overhead_seconds * factor / speed)
+    busy_start = stall_end + cost.overhead_seconds * factor / speed
+    # The spread is in the model's run (where vLLM's iteration log measured it): never a run below 0.
+    end = max(busy_start, start + (cost.total_seconds * factor + spread_seconds) / speed)
     return PricedStep(cost, start, stall_end, busy_start, end, tuple(loads))
