@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,8 +60,15 @@ def _cpu_ticks() -> tuple[int, int] | None:
     return int(fields[8]), sum(int(x) for x in fields[1:])
 
 
-def measure(size: int, memory_mib: int, seconds: float, window_s: float, cpu: int | None) -> list[Window]:
-    """The windows, measured in this process (the caller sees to the BLAS threads)."""
+def measure(
+    size: int,
+    memory_mib: int,
+    seconds: float,
+    window_s: float,
+    cpu: int | None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[Window]:
+    """The windows, measured in this process (the caller sees to the BLAS threads); ``clock`` is a test seam."""
     import numpy as np  # here: the child sets its BLAS threads before numpy first loads
 
     if cpu is not None:
@@ -75,21 +83,21 @@ def measure(size: int, memory_mib: int, seconds: float, window_s: float, cpu: in
         a @ b  # warm: the first calls page the matrices in
         vector @ weights
     windows: list[Window] = []
-    start = t0 = time.perf_counter()
+    start = t0 = clock()
     end = t0 + seconds
     while start < end:
         compute: list[float] = []
         memory: list[float] = []
-        while time.perf_counter() - start < window_s or not compute:
-            now = time.perf_counter()
+        while clock() - start < window_s or not compute:
+            now = clock()
             a @ b
-            mid = time.perf_counter()
+            mid = clock()
             vector @ weights
             compute.append(mid - now)
-            memory.append(time.perf_counter() - mid)
+            memory.append(clock() - mid)
         windows.append(Window(start - t0, statistics.median(compute) * 1000, statistics.median(memory) * 1000,
                               len(compute)))  # fmt: skip
-        start = time.perf_counter()
+        start = clock()
     return windows
 
 
