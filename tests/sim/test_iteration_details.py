@@ -3,7 +3,9 @@ vLLM 0.32 writes, its counts as vLLM counts them, and ``loadlens serve``'s flag.
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +65,20 @@ def test_serve_writes_a_line_per_step_with_the_flag_and_refuses_it_for_the_proxy
         "loadlens serve: error: --enable-logging-iteration-details applies to the sim engine only; start the "
         "upstream vLLM with it"
     )
+
+
+def test_the_engines_steps_are_counted_as_vllm_counts_them(tmp_path: Path) -> None:
+    """One user, 240-token prompts, a 64-token step budget: each prompt is four context steps (64, 64, 64, 48
+    tokens: chunked prefill, in context until its first token), then its decodes one generation request each."""
+    from exporters.serving.calibrate.replay import StageLoad, replay
+    from tests.calibrate.known import hidden_profile, model
+
+    lines: list[str] = []
+    load = StageLoad(1, 240, 8, 0.5, warmup_s=0.1)
+    replay(model(), hidden_profile(tmp_path), load, knobs={"max_num_batched_tokens": 64, "max_num_seqs": 16},
+           loggers=lambda clock: [IterationDetailsLogger(lines.append, clock=clock)])  # fmt: skip
+    counts = [re.search(r"Iteration\(\d+\): (.*) tokens, iteration", line)[1] for line in lines[:12]]  # type: ignore[index]
+    prefill = [f"1 context requests, {n} context tokens, 0 generation requests, 0 generation" for n in (64, 64, 64, 48)]
+    decode = ["0 context requests, 0 context tokens, 1 generation requests, 1 generation"] * 7
+    assert counts == prefill + decode + prefill[:1]
+    assert [int(re.search(r"Iteration\((\d+)\)", line)[1]) for line in lines] == list(range(len(lines)))  # type: ignore[index]

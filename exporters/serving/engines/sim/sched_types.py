@@ -118,9 +118,12 @@ class ScheduledBatch:
     def iteration_counts(self) -> tuple[int, int, int, int]:
         """(context requests, their tokens, generation requests, their tokens), as vLLM's iteration log counts
         them (``compute_iteration_details``): a request is in its context phase until it has an output token."""
-        ctx = [n for req, n in zip(self.reqs, self.num_new, strict=True) if req.num_output == 0]
-        gen = [n for req, n in zip(self.reqs, self.num_new, strict=True) if req.num_output > 0]
-        return len(ctx), sum(ctx), len(gen), sum(gen)
+        ctx = ctx_tokens = 0
+        for req, n in zip(self.reqs, self.num_new, strict=True):
+            if req.num_output == 0:
+                ctx += 1
+                ctx_tokens += n
+        return ctx, ctx_tokens, len(self.reqs) - ctx, sum(self.num_new) - ctx_tokens
 
 
 @dataclass(frozen=True, slots=True)
