@@ -12,7 +12,7 @@ import pytest
 from exporters.serving.calibrate.iteration_log import LoggedStep, parse
 from exporters.serving.cli import build_engine
 from exporters.serving.engines.sim.iteration_details import IterationDetailsLogger
-from exporters.serving.engines.sim.stats import EngineStats, IterationStats, SchedulerStats, StepStats
+from exporters.serving.engines.sim.stats import AdapterRead, EngineStats, IterationStats, SchedulerStats, StepStats
 
 # A line of the rig's vLLM 0.32 log (CPU build), the API server's process prefix dropped.
 VLLM = (
@@ -45,7 +45,10 @@ def test_the_line_is_vllms_with_the_steps_counts_time_and_kv_usage() -> None:
         LoggedStep(stamp - 0.7, 1, 1, 0.14111),
         LoggedStep(stamp - 0.7, 0, 3, 0.00862),
     ]
-    assert IterationDetailsLogger(lines.append).record_event(None) is None  # type: ignore[arg-type]
+    # A sporadic event is not a step: no line.
+    logger.record_event(AdapterRead(0.01))
+    logger.record(_after(0.0012))
+    assert len(lines) == 2
 
 
 def test_serve_writes_a_line_per_step_with_the_flag_and_refuses_it_for_the_proxy(
