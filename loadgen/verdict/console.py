@@ -38,6 +38,8 @@ def verdict_text(verdict: Verdict) -> str:
         lines.append(f"  alerts of the run {w.start} .. {w.end} (checked until {w.checked_until}, {waited}):")
         if not verdict.alerts:
             lines[-1] += " none"
+        if w.unsettled:
+            lines.append(f"    (the wait ended still waiting for: {', '.join(w.unsettled)})")
         for a in verdict.alerts:
             # sloth_* labels name the burn-rate rule's origin; the file keeps them, the console leaves them out
             labels = " ".join(f"{k}={v}" for k, v in a.labels.items() if not k.startswith("sloth_"))

@@ -189,6 +189,63 @@ def _paged(labels: Mapping[str, str], notifications: Iterable[Mapping[str, Any]]
     return False
 
 
+class Freshness:
+    """Whether Prometheus has judged the run's last samples, read from its own bookkeeping rather than assumed
+    from the evaluation interval (a scrape interval longer than the evaluation interval, or a Prometheus too
+    busy to keep its schedule, leaves the run's last seconds unjudged for longer than two evaluations):
+
+    1. every target that is up has been scraped since the run's end; ``scraped`` is then the latest end of
+       those scrapes (``lastScrape`` + ``lastScrapeDuration``: its samples are queryable from there);
+    2. every rule group has evaluated since ``scraped``; ``judged`` is then the latest of those evaluations;
+    3. every rule group has evaluated since ``judged``: an alerting group reading a recording group's output
+       has seen the output computed from those samples.
+
+    A target that is down is not waited for (it delivers nothing more). :meth:`waiting` is None where the API
+    lacks what this needs (no targets endpoint, no ``lastEvaluation``); the caller then falls back to two
+    evaluation intervals past the end.
+    """
+
+    def __init__(self, end: float) -> None:
+        self.end = end
+        self.scraped: float | None = None
+        self.judged: float | None = None
+
+    def waiting(
+        self, targets: Sequence[Mapping[str, Any]] | None, groups: Sequence[Mapping[str, Any]]
+    ) -> list[str] | None:
+        if targets is None:
+            return None
+        evaluated = {str(g.get("name")): parse_time(g.get("lastEvaluation")) for g in groups}
+        if any(t is None for t in evaluated.values()):
+            return None
+        if self.scraped is None:
+            up = [t for t in targets if t.get("health") == "up"]
+            behind = sorted({
+                str((t.get("labels") or {}).get("job", "?"))
+                for t in up
+                if (parse_time(t.get("lastScrape")) or 0.0) < self.end
+            })  # fmt: skip
+            if behind:
+                return [f"a scrape of {job} after the run" for job in behind]
+            ends = [(parse_time(t.get("lastScrape")) or 0.0) + float(t.get("lastScrapeDuration") or 0.0) for t in up]
+            self.scraped = max([self.end, *ends])
+        bound = self.scraped if self.judged is None else self.judged
+        late = sorted(name for name, at in evaluated.items() if at is None or at < bound)
+        if late:
+            return [f"rule group {name} to evaluate the run's last samples" for name in late]
+        if self.judged is None:
+            self.judged = max((at for at in evaluated.values() if at is not None), default=bound)
+            return self.waiting(targets, groups)
+        return []
+
+
+def _targets(client: PrometheusClient) -> list[dict[str, Any]] | None:
+    try:
+        return client.active_targets()
+    except QueryError:  # a querier without a targets endpoint: fall back to the evaluation interval
+        return None
+
+
 def observe(
     *,
     start: float,
@@ -203,12 +260,12 @@ def observe(
 ) -> Observation:
     """Wait (at most until ``end + wait_limit``) for the window's alerts to settle, then read them and the pages.
 
-    Settled means: two rule evaluations have passed since ``end`` (the run's last samples are scraped and
-    judged), no alert that became pending in the window can still fire before the bound (activeAt + for:),
-    and every alert of the window that fired has reached the pager (``pager_url``: its URL, or its log file
-    ``pages.jsonl``), or has had
-    :data:`PAGE_GRACE_S` to do so (an alert routed nowhere never arrives). Without ``prometheus_url`` there is
-    nothing to wait for and only the pages are read.
+    Settled means: Prometheus has scraped and judged the run's last samples (:class:`Freshness`; where its
+    API cannot tell, two rule evaluations past ``end``), no alert that became pending in the window can still
+    fire before the bound (activeAt + for:), and every alert of the window that fired has reached the pager
+    (``pager_url``: its URL, or its log file ``pages.jsonl``), or has had :data:`PAGE_GRACE_S` to do so (an
+    alert routed nowhere never arrives). What it still waited for at the bound is ``window.unsettled``.
+    Without ``prometheus_url`` there is nothing to wait for and only the pages are read.
     """
     window = VerdictWindow(start=iso(start), end=iso(end), start_timestamp=start, end_timestamp=end)
     window.wait_limit_seconds = wait_limit
@@ -222,11 +279,15 @@ def observe(
             groups = client.rule_groups()
             interval = _interval(groups)
             earliest = end + 2 * interval
+            fresh = Freshness(end)
             first_firing: dict[LabelKey, float] = {}
-            told = False
+            told: set[str] = set()
             while True:
                 t = now()
-                waiting: list[str] = []
+                judging = fresh.waiting(_targets(client), groups)
+                if judging is None:
+                    judging = [f"{2 * interval:g} s of rule evaluations after the run"] if t < earliest else []
+                waiting: list[str] = list(judging)
                 unpaged: list[dict[str, str]] = []
                 for labels, state, active, for_s in _active(groups, start):
                     if state == "pending" and active + for_s + interval <= deadline:
@@ -241,11 +302,19 @@ def observe(
                         for labels in unpaged
                         if not _paged(labels, notifications, start)
                     ]
-                if (t >= earliest and not waiting) or t >= deadline:
+                if not waiting:
                     break
-                if waiting and not told:
-                    say(f"waiting up to {max(0.0, deadline - t):.0f} s for alerts to settle: {', '.join(waiting)}")
-                    told = True
+                if t >= deadline:
+                    window.unsettled = waiting
+                    break
+                # Prometheus catching up is routine (a second or two), told in one phrase and only when it takes
+                # longer than two evaluations; an alert or a page is told at once.
+                tell = [w for w in waiting if w not in judging]
+                if judging and t >= earliest:
+                    tell.insert(0, "Prometheus to scrape and judge the run's last samples")
+                if tell and not told.issuperset(tell):
+                    say(f"waiting up to {max(0.0, deadline - t):.0f} s for alerts to settle: {', '.join(tell)}")
+                    told.update(tell)
                 sleep(max(0.05, min(1.0, deadline - t)))
                 groups = client.rule_groups()
             until = now()

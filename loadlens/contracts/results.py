@@ -408,6 +408,7 @@ class VerdictWindow(_Model):
     checked_until: str | None = None  # alerts and pages were read up to here (end + the wait)
     waited_seconds: float | None = None  # how long it waited after the end for pending alerts and their pages
     wait_limit_seconds: float | None = None  # the bound on that wait (--alert-wait)
+    unsettled: list[str] = Field(default_factory=list)  # what the wait still waited for when it hit the bound
 
 
 class SLOCheck(_Model):

@@ -99,8 +99,18 @@ class PrometheusClient:
         return out
 
     def rule_groups(self) -> list[dict[str, Any]]:
-        """``/api/v1/rules?type=alert``: each rule group (``interval``) with its alerting rules, their ``duration``
-        (the ``for:``) and their active alerts (``state`` pending or firing, ``activeAt``, ``labels``)."""
-        data = self._get("rules", {"type": "alert"}, self.timeout)
+        """``/api/v1/rules``: each rule group (``interval``, ``lastEvaluation``) with its rules: an alerting rule's
+        ``duration`` (the ``for:``) and active alerts (``state`` pending or firing, ``activeAt``, ``labels``); a
+        recording rule has none. Recording groups are included: whether the run's last samples have been judged
+        depends on them too (:mod:`loadgen.verdict.observer`)."""
+        data = self._get("rules", {}, self.timeout)
         groups: list[dict[str, Any]] = data.get("groups", [])
         return groups
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        """``/api/v1/targets?state=active``: each scrape target's ``labels`` (``job``), ``health`` (up, down,
+        unknown), ``lastScrape`` (when the last scrape began) and ``lastScrapeDuration`` (seconds). Raises
+        :class:`QueryError` where the API has no targets endpoint (a Thanos or Mimir querier)."""
+        data = self._get("targets", {"state": "active"}, self.timeout)
+        targets: list[dict[str, Any]] = data.get("activeTargets", [])
+        return targets

@@ -21,11 +21,12 @@ import httpx
 import pytest
 import yaml
 
-from loadgen.verdict.observer import parse_time
+from loadgen.verdict.observer import Freshness, parse_time
 from loadlens import demo
 from loadlens.contracts.results import BenchmarkResult, parse_result
 from loadlens.contracts.slo import DEFAULT_SLO_FILE
 from loadlens.stack.runner import Stack
+from loadlens.util.prometheus import PrometheusClient
 from tests.loadgen.conftest import run_child, write_profile
 from tests.support.stack import running_stack
 
@@ -84,13 +85,16 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
             deadline_polls -= 1
             assert deadline_polls > 0, "Prometheus never discovered Alertmanager"
             time.sleep(0.5)
-        before = http.get(serve + "/admin/knobs").json()["knobs"]["max_num_seqs"]
-        assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": 1}).status_code == 200
-
-        # 1. The breach: 12 users queue behind one sequence slot for 10 s. The TTFT alert fires 5-10 s after the
-        #    load and pages at once; a 60 s --alert-wait is past that and short of the burn-rate alerts' longer
-        #    for: (with 120 s the verdict waited for those too: 117 s of the test's 160).
-        rc, out, path = _run(urls, tmp_path, "breach", {"users": 12, "duration": 10}, urls["pager"],
+        # 1. The breach: every step that admits a request costs the sim 300 ms of host time, so every first
+        #    token the server observes comes 300 ms or more after its request arrived (the TTFT histogram's
+        #    0.25-0.5 s bucket or above: its p99 over 200 ms whatever the client does). A queue of 12 users
+        #    behind one sequence slot did this before, with 23 ms requests: the server's TTFT then hung on the
+        #    client keeping the queue full, and CI once saw no alert while the client's TTFT p99 was over 200 ms
+        #    (a starved client delays its own first tokens, not the server's). The alert fires 15 s after its first
+        #    evaluation with data (5-10 s after the load) and pages at once; a 60 s --alert-wait is past that and
+        #    short of the burn-rate alerts' longer for: (with 120 s the verdict waited for those too).
+        assert http.patch(serve + "/admin/knobs", json={"insertion_overhead_us": 300_000}).status_code == 200
+        rc, out, path = _run(urls, tmp_path, "breach", {"users": 4, "duration": 10}, urls["pager"],
                              "--fail-on-slo", "--alert-wait", "60")  # fmt: skip
         assert rc == 1, out
         assert "verdict FAIL (--fail-on-slo): exit 1" in out
@@ -101,7 +105,7 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         end = first.window.end_timestamp
         assert end is not None and first.window.waited_seconds is not None
         ttft = [a for a in first.alerts if a.alertname == TTFT_ALERT]
-        assert [(a.severity, a.labels["priority_class"]) for a in ttft] == [("critical", "interactive")]
+        assert [(a.severity, a.labels["priority_class"]) for a in ttft] == [("critical", "interactive")], out
         fired = parse_time(ttft[0].starts_at)
         assert fired is not None and fired > end, "the alert fired before the load stopped: the test proves nothing"
         pages = [p for p in first.pages if p.alertname == TTFT_ALERT and p.status == "firing"]
@@ -109,6 +113,12 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         paged = parse_time(pages[0].at)
         assert paged is not None and paged > fired
         assert 0 < first.window.waited_seconds <= 60
+        assert first.window.unsettled == []
+        # The wait reads the real Prometheus's own bookkeeping (targets' lastScrape, groups' lastEvaluation),
+        # not the fallback of two evaluation intervals: both are there, and its targets were scraped after the end.
+        client, fresh = PrometheusClient(prom), Freshness(end)
+        assert fresh.waiting(client.active_targets(), client.rule_groups()) is not None
+        assert fresh.scraped is not None and fresh.scraped > end
         assert paged - end <= first.window.waited_seconds
         assert f"verdict: {first.headline}" in out
         assert demo.verdict_headline(path) == first.headline
@@ -117,7 +127,7 @@ def test_the_verdict_waits_for_a_late_page_and_never_counts_an_earlier_runs(stac
         #    run's page, this run counts none of it. Its SLO file gives ITL and E2E bounds no loaded machine
         #    reaches, so its status (its own SLO checks) is decided by errors and TTFT at 2 users, a few ms
         #    against 200 ms, not by a stall of the box (a parallel CI worker has pushed ITL p99 past 50 ms).
-        assert http.patch(serve + "/admin/knobs", json={"max_num_seqs": before}).status_code == 200
+        assert http.patch(serve + "/admin/knobs", json={"insertion_overhead_us": 0}).status_code == 200
         # The first run's alert must be over before the second run starts: an alert still firing from it would
         # resolve inside the second window, which is the first run's alert, not this one's (a loaded machine
         # once resolved it 20 s into the second run). The page it sent stays in the log, the point of the test.
