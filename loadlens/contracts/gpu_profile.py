@@ -103,6 +103,16 @@ class GPUProfile(ProfileFile):
     engine's steps, each value the mean of one share of the steps' differences from their batch's mean,
     ascending, their mean 0. The sim adds one drawn at random to each step's modeled time (``loadlens
     calibrate`` measures it from vLLM's step log); empty: every step takes its modeled time."""
+    decode_step_offsets_seconds: SecondsList = ()
+    """Seconds added to the modeled time of a decode-only step (no request in its context phase) of b
+    sequences: item b − 1; a batch past the list gets none. A measured engine's step by batch, where it
+    departs from the fitted formula (a staircase of CUDA graph sizes, a CPU build's thread split): ``loadlens
+    calibrate`` measures each from vLLM's step log against the fit; empty: every step is the formula's."""
+
+    def decode_step_offset(self, batch: int) -> float:
+        """The seconds ``decode_step_offsets_seconds`` adds to a decode-only step of ``batch`` sequences."""
+        offsets = self.decode_step_offsets_seconds
+        return offsets[batch - 1] if 1 <= batch <= len(offsets) else 0.0
 
     def _consistent(self) -> None:
         require(self.driver_reserved_bytes + self.cuda_context_bytes < self.memory_bytes, "driver_reserved_bytes",

@@ -63,7 +63,7 @@ def test_calibrate_fits_a_load_run_and_writes_a_profile_the_sim_loads(
     live_run: LiveRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
-    argv = ["calibrate", str(live_run.results_file.parent), "--prometheus", live_run.prom.url,
+    argv = ["calibrate", "--replays", "1", str(live_run.results_file.parent), "--prometheus", live_run.prom.url,
             "--model-profile", "tiny", "--profile", str(out), "--no-predict", "--json", str(report)]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out

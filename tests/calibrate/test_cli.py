@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from exporters.serving.calibrate.cli import MAX_REPLAYS, REPLAY_REQUESTS, replays
 from exporters.serving.calibrate.frontend_fit import SPLIT
+from exporters.serving.calibrate.observations import Stage
 from exporters.serving.calibrate.ranks import PERCENTILES
 from loadlens.cli import main
 from loadlens.contracts.gpu_profile import load_gpu_profile
@@ -30,7 +32,7 @@ def test_calibrate_writes_a_profile_and_prints_every_stage(
     sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
-    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
+    code = main(["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
                  "--hold-out", "p360-c4", "--json", str(report)])  # fmt: skip
     assert code == 0
     profile = load_gpu_profile(str(out))
@@ -95,7 +97,8 @@ def test_a_stage_whose_prompts_were_cached_is_warned_about(
     path = tmp_path / "cached.json"
     path.write_text(json.dumps(doc))
     report = tmp_path / "report.json"
-    code = main(["calibrate", str(path), "--model-profile", str(MODEL), "--profile", str(tmp_path / "p.yaml"),
+    code = main(["calibrate", "--replays", "1", str(path), "--model-profile", str(MODEL), "--profile",
+                 str(tmp_path / "p.yaml"),
                  "--no-predict", "--json", str(report)])  # fmt: skip
     assert code == 0
     line = (
@@ -114,7 +117,8 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
     sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
-    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
+    code = main(["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
+                 "--no-predict",
                  "--max-num-seqs", "128", "--max-num-batched-tokens", "2048", "--no-delivery-noise",
                  "--async-scheduling", "--json", str(report)])  # fmt: skip
     assert code == 0
@@ -132,7 +136,8 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
     assert ("delivery noise (the host's delay between the engine and the client; the replay adds it; not in the "
             "profile): none (--no-delivery-noise)") in printed  # fmt: skip
     # One given, the other the base profile's.
-    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
+    code = main(["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
+                 "--no-predict",
                  "--max-num-batched-tokens", "4096", "--json", str(report)])  # fmt: skip
     assert code == 0
     assert json.loads(report.read_text())["scheduler"] == {
@@ -142,11 +147,13 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
     }  # fmt: skip
     # A step budget too small to bite does not change the replay; one that chunks every prompt does.
     small = tmp_path / "small.json"
-    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(tmp_path / "s.yaml"),
+    code = main(["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile",
+                 str(tmp_path / "s.yaml"),
                  "--max-num-seqs", "16", "--max-num-batched-tokens", "64", "--json", str(small)])  # fmt: skip
     assert code == 0
     big = tmp_path / "big.json"
-    code = main(["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(tmp_path / "b.yaml"),
+    code = main(["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile",
+                 str(tmp_path / "b.yaml"),
                  "--json", str(big)])  # fmt: skip
     assert code == 0
 
@@ -169,7 +176,8 @@ def test_the_logged_steps_spread_goes_into_the_profile(
     log = tmp_path / "vllm.log"
     log.write_text("\n".join(line.format(ms=ms) for ms in ("2.0", "2.4") * 20) + "\n")
     out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
-    base = ["calibrate", str(sweep), "--model-profile", str(MODEL), "--profile", str(out), "--no-predict",
+    base = ["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
+            "--no-predict",
             "--no-delivery-noise", "--json", str(report), "--iteration-log", str(log)]  # fmt: skip
     assert main(base) == 0
     assert load_gpu_profile(str(out)).step_spread_seconds == (-0.0002,) * 25 + (0.0002,) * 25
@@ -182,6 +190,36 @@ def test_the_logged_steps_spread_goes_into_the_profile(
     assert load_gpu_profile(str(out)).step_spread_seconds == ()
     assert json.loads(report.read_text())["step_spread"] is None
     assert "step spread" not in capsys.readouterr().out
+
+
+def test_the_logged_decode_step_by_batch_goes_into_the_profile(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As above: 40 single decodes in each of the five stages' runs, 2.2 ms on average, against the fit's step.
+    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(1.0))
+    line = (f"(APIServer pid=1) INFO {stamp} [loggers.py:199] Engine 000: Iteration(1): 0 context requests, 0 "
+            "context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: {ms} ms")  # fmt: skip
+    log = tmp_path / "vllm.log"
+    log.write_text("\n".join(line.format(ms=ms) for ms in ("2.0", "2.4") * 20) + "\n")
+    out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
+    base = ["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
+            "--no-predict",
+            "--no-delivery-noise", "--json", str(report), "--iteration-log", str(log)]  # fmt: skip
+    assert main(base) == 0
+    written = json.loads(report.read_text())["decode_step_offsets"]
+    assert written["steps"] == {"1": 200} and len(written["values"]) == 1
+    assert load_gpu_profile(str(out)).decode_step_offsets_seconds == tuple(written["values"])
+    printed = [x for x in capsys.readouterr().out.splitlines() if x.startswith("decode step by batch")]
+    assert printed == [
+        "decode step by batch (vLLM's logged decode-only steps; in the profile): ms against the fitted step, 200 "
+        f"decode-only steps: b1 {written['values'][0] * 1000:+.2f}; the sim adds each to its decode-only steps of "
+        "that batch"
+    ]
+    assert main([*base, "--no-decode-offsets"]) == 0
+    assert load_gpu_profile(str(out)).decode_step_offsets_seconds == ()
+    assert load_gpu_profile(str(out)).step_spread_seconds != ()  # the spread stays
+    assert json.loads(report.read_text())["decode_step_offsets"] is None
+    assert "decode step by batch" not in capsys.readouterr().out
 
 
 def _code_and_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -199,43 +237,62 @@ def test_unusable_input_exits_2_with_one_line(sweep: Path, tmp_path: Path, capsy
         return str(path)
 
     no_stages = write("none.json", {**doc, "trials": []})
-    assert _code_and_error(["calibrate", no_stages, *base], capsys) == (
+    assert _code_and_error(["calibrate", "--replays", "1", no_stages, *base], capsys) == (
         2, f"loadlens calibrate: error: {no_stages}: no finished stage (no trial with a completed run)")  # fmt: skip
     bare = json.loads(json.dumps(doc))
     for trial in bare["trials"]:
         trial["runs"][0]["server"]["engine_counters"] = {}
-    assert _code_and_error(["calibrate", write("bare.json", bare), *base], capsys) == (
+    assert _code_and_error(["calibrate", "--replays", "1", write("bare.json", bare), *base], capsys) == (
         2,
         "loadlens calibrate: error: stage c1-p240: no server series (vllm:inter_token_latency_seconds and "
         "vllm:request_prefill_time_seconds increases); run the sweep against a server exporting vLLM's /metrics",
     )
     few = json.loads(json.dumps(doc))
     few["trials"][1]["runs"][0]["figures"]["completed"] = 12
-    assert _code_and_error(["calibrate", write("few.json", few), *base], capsys) == (
+    assert _code_and_error(["calibrate", "--replays", "1", write("few.json", few), *base], capsys) == (
         2, "loadlens calibrate: error: stage c6-p240: 12 completed requests, too few (at least 20)")  # fmt: skip
     missing = tmp_path / "no-such-vllm.log"
-    assert _code_and_error(["calibrate", str(sweep), *base, "--iteration-log", str(missing)], capsys) == (
+    assert _code_and_error(
+        ["calibrate", "--replays", "1", str(sweep), *base, "--iteration-log", str(missing)], capsys
+    ) == (
         2,
         f"loadlens calibrate: error: --iteration-log {missing}: cannot read it (No such file or directory)",
     )
     bench = write("benchmark_result.json", {"run": {}, "stages": [], "overall": {}})
-    assert _code_and_error(["calibrate", bench, *base], capsys)[1].endswith(
+    assert _code_and_error(["calibrate", "--replays", "1", bench, *base], capsys)[1].endswith(
         "a benchmark_result.json carries no server counters; give --prometheus URL (the Prometheus that scraped "
         "the server during the run) or --metrics-before/--metrics-after (the server's /metrics saved before and "
         "after it), or calibrate from loadlens experiment calibration-sweep")  # fmt: skip
-    assert _code_and_error(["calibrate", bench, *base, "--prometheus", "http://127.0.0.1:9"], capsys)[1].endswith(
+    assert _code_and_error(["calibrate", "--replays", "1", bench, *base, "--prometheus", "http://127.0.0.1:9"],
+                            capsys)[1].endswith(
         "not a loadlens benchmark_result.json (schema is not loadlens.benchmark_result)")  # fmt: skip
     assert _code_and_error(
-        ["calibrate", str(sweep), *base, "--max-num-seqs", "64", "--max-num-batched-tokens", "32"], capsys
+        ["calibrate", "--replays", "1", str(sweep), *base, "--max-num-seqs", "64", "--max-num-batched-tokens", "32"],
+        capsys,
     ) == (  # fmt: skip
         2,
         "loadlens calibrate: error: --max-num-batched-tokens 32 is below max_num_seqs 64 (vLLM refuses that too)",
     )
     with pytest.raises(SystemExit) as exit_info:
-        main(["calibrate", str(sweep), *base, "--max-num-seqs", "0"])
+        main(["calibrate", "--replays", "1", str(sweep), *base, "--max-num-seqs", "0"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "argument --max-num-seqs: must be at least 1, got 0")  # fmt: skip
-    assert _code_and_error(["calibrate", str(sweep), *base, "--hold-out", "c9"], capsys) == (
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--replays", "1", str(sweep), *base, "--replays", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("argument --replays: must be at least 1, got 0")
+    assert _code_and_error(["calibrate", "--replays", "1", str(sweep), *base, "--hold-out", "c9"], capsys) == (
         2, "loadlens calibrate: error: --hold-out c9: no such stage (stages: c1-p240, c6-p240, p360-c4, p40-c2, "
         "p600-c2)")  # fmt: skip
+
+
+def test_a_stage_is_replayed_for_enough_requests_or_as_told_never_fewer_than_its_runs() -> None:
+    def stage(completed: int, runs: int) -> Stage:
+        return Stage("s", 4, 240, 128, 20.0, completed, runs=runs)
+
+    assert replays(stage(90, 3), None) == MAX_REPLAYS  # 30 requests a run: 100 replays wanted, at most 24
+    assert replays(stage(2 * REPLAY_REQUESTS, 2), None) == 2  # a run of 3,000 requests: its runs
+    assert replays(stage(3 * REPLAY_REQUESTS // 10, 1), None) == 4  # 900: ceil(3000 / 900)
+    assert replays(stage(0, 1), None) == MAX_REPLAYS
+    assert (replays(stage(90, 3), 1), replays(stage(90, 3), 5)) == (3, 5)

@@ -74,7 +74,8 @@ def test_the_snapshot_pair_stands_for_the_one_stage(run: SnapshotRun) -> None:
 
 def test_calibrate_fits_it_without_a_prometheus(run: SnapshotRun, tmp_path: Path) -> None:
     out = tmp_path / "fitted.yaml"
-    argv = ["calibrate", str(run.result), "--metrics-before", str(run.before), "--metrics-after", str(run.after),
+    argv = ["calibrate", "--replays", "1", str(run.result), "--metrics-before", str(run.before), "--metrics-after",
+            str(run.after),
             "--model-profile", "tiny", "--profile", str(out), "--no-predict"]  # fmt: skip
     assert main(argv) == 0
     assert load_gpu_profile(str(out)).step_overhead_seconds >= 0
@@ -87,7 +88,16 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_refusals_in_one_line(run: SnapshotRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["calibrate", str(run.result), "--model-profile", "tiny", "--profile", str(tmp_path / "p.yaml")]
+    base = [
+        "calibrate",
+        "--replays",
+        "1",
+        str(run.result),
+        "--model-profile",
+        "tiny",
+        "--profile",
+        str(tmp_path / "p.yaml"),
+    ]
     assert _error([*base, "--metrics-before", str(run.before)], capsys).endswith(
         "--metrics-before and --metrics-after go together (the server's /metrics before and after)"
     )

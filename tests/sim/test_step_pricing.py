@@ -1,6 +1,6 @@
 """A step's instants and its noise (exporters/serving/engines/sim/step_pricing.py): the profile's measured
 ``step_spread_seconds`` added to the modeled step, the ``--jitter`` lognormal multiplied, each from a seeded
-stream of its own."""
+stream of its own; its ``decode_step_offsets_seconds`` added to a decode-only step of their batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 from exporters.serving.engines.sim import load_gpu_profile, load_model_profile
 from exporters.serving.engines.sim import roofline as rl
-from exporters.serving.engines.sim.sched_types import ScheduledBatch
+from exporters.serving.engines.sim.profile import GPUProfile
+from exporters.serving.engines.sim.sched_types import SchedRequest, ScheduledBatch
 from exporters.serving.engines.sim.step_pricing import StepNoise, price_step
 from tests.sim.roofline_shapes import decode_shape
 
@@ -58,3 +59,35 @@ def test_a_spread_leaves_the_jitters_draws_as_they_were() -> None:
     assert {added for _, added in factors} == {0.0}
     assert all(f != 1.0 for f, _ in factors)
     assert StepNoise(0.0, (), seed=3).draw() == (1.0, 0.0)
+
+
+def _requests(decodes: int, prefills: int = 0) -> ScheduledBatch:
+    """``decodes`` requests with output tokens (one new token each) and ``prefills`` in their context phase."""
+    reqs = [SchedRequest(f"d{i}", 200, num_output=5) for i in range(decodes)]
+    reqs += [SchedRequest(f"p{i}", 200) for i in range(prefills)]
+    shape = decode_shape(decodes + prefills, 200)
+    return ScheduledBatch(reqs, [1] * decodes + [200] * prefills, shape, [], [], [], [], 0, 0)
+
+
+def _with_offsets(*offsets: float) -> GPUProfile:
+    return GPU.model_copy(update={"decode_step_offsets_seconds": offsets})
+
+
+def test_a_decode_only_steps_offset_is_its_batchs_and_scaled_like_the_model() -> None:
+    gpu = _with_offsets(0.0, 0.003, -0.002)
+    for batch, offset in ((1, 0.0), (2, 0.003), (3, -0.002), (4, 0.0)):  # past the list: none
+        plain = price_step(MODEL, GPU, _requests(batch), start=5.0, speed=2.0, factor=1.5)
+        moved = price_step(MODEL, gpu, _requests(batch), start=5.0, speed=2.0, factor=1.5, spread_seconds=0.001)
+        assert moved.end == pytest.approx(plain.end + (offset * 1.5 + 0.001) / 2.0, rel=1e-12), batch
+        assert (moved.busy_start, moved.cost) == (plain.busy_start, plain.cost)
+
+
+def test_a_step_with_a_request_in_its_context_phase_takes_no_offset() -> None:
+    gpu = _with_offsets(0.004, 0.004, 0.004)
+    plain = price_step(MODEL, GPU, _requests(2, prefills=1), start=0.0, speed=1.0, factor=1.0)
+    assert price_step(MODEL, gpu, _requests(2, prefills=1), start=0.0, speed=1.0, factor=1.0).end == plain.end
+
+
+def test_a_negative_offset_never_ends_a_step_before_its_host_overhead() -> None:
+    short = price_step(MODEL, _with_offsets(-10.0), _requests(1), start=0.0, speed=1.0, factor=1.0)
+    assert short.end == short.busy_start

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from exporters.serving.calibrate import step_spread
+from exporters.serving.calibrate import decode_offsets, step_spread
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.client_overhead import ClientOverhead, Line, fit_client_overhead
 from exporters.serving.calibrate.delivery_noise import DeliveryNoise, fit_delivery_noise
@@ -42,6 +43,13 @@ from loadlens.contracts.gpu_profile import GPUProfile, load_gpu_profile
 from loadlens.contracts.model_profile import load_model_profile
 from loadlens.contracts.profile_schema import ProfileError
 from loadlens.util.cliutil import UsageError
+
+REPLAY_REQUESTS = 3000
+"""Requests the replays of a stage complete by default, so that its percentiles are the sim's expectation, not
+one short run's draw: the sim's TTFT P99 of the CPU rig's 4-user stage (3 runs of about 30 requests) scattered
+330-436 ms between groups of 3 seeds."""
+MAX_REPLAYS = 24
+"""At most this many replays by default (a stage of 125 requests a run gets 24)."""
 
 VIEWS: dict[str, list[tuple[str, str]]] = {
     "client": [("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_itl_ms", "ITL p50"),
@@ -110,9 +118,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "step per stage and batch; docs/calibration.md, The iteration rows)")  # fmt: skip
     p.add_argument("--no-step-spread", action="store_true", help="with --iteration-log: leave the logged "
                    "steps' spread out of the profile (each sim step then takes its modeled time)")  # fmt: skip
+    p.add_argument("--no-decode-offsets", action="store_true", help="with --iteration-log: leave the logged "
+                   "decode step by batch out of the profile (each decode step then the fitted formula's)")  # fmt: skip
     p.add_argument("--fix", nargs="+", default=[], choices=FIXABLE, metavar="PARAM",
                    help=f"hold parameters at 0 instead of fitting them ({', '.join(FIXABLE)})")  # fmt: skip
     p.add_argument("--no-predict", action="store_true", help="fit and write only; no replay on the sim")
+    p.add_argument("--replays", type=_positive, metavar="N", help="replays of each stage behind its predicted "
+                   "figures, each the mean over them (at least the stage's runs): a short run's percentiles scatter "
+                   f"on the sim as on the server (default: enough for {REPLAY_REQUESTS} requests, at most "
+                   f"{MAX_REPLAYS})")  # fmt: skip
     p.add_argument("--constant-client-overhead", action="store_true", help="model the time outside vLLM as one "
                    "constant (the mean over the fitted stages) instead of growing with the stage's users")  # fmt: skip
     p.add_argument(
@@ -123,6 +137,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--json", type=Path, help="also write the whole report as JSON to this file")
     p.set_defaults(handler=run)
+
+
+def replays(stage: Stage, wanted: int | None) -> int:
+    """How many times ``stage`` is replayed: ``wanted`` (``--replays``), else enough for ``REPLAY_REQUESTS``
+    requests at the stage's rate, at most ``MAX_REPLAYS``; never fewer than its runs."""
+    if wanted is None:
+        per_run = stage.completed / max(1, stage.runs)
+        wanted = min(MAX_REPLAYS, math.ceil(REPLAY_REQUESTS / max(1.0, per_run)))
+    return max(stage.runs, wanted)
 
 
 def _positive(text: str) -> int:
@@ -344,6 +367,10 @@ def run(args: argparse.Namespace) -> int:
     if steps and not args.no_step_spread:
         spread = step_spread.measure(fit_stages, steps)
     values = spread.values if spread else ()
+    offsets = None
+    if steps and not args.no_decode_offsets:
+        offsets = decode_offsets.measure(model, result, fit_stages, steps)
+    by_batch = offsets.values if offsets else ()
 
     delivery_s = 0.0  # fitted below, once the profile is
 
@@ -362,9 +389,11 @@ def run(args: argparse.Namespace) -> int:
         f"(stages {', '.join(s.name for s in fit_stages)}; model profile {model.name})"
     )
     try:
-        step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks, None, limits, values)
+        step_only = write_profile(result, base, args.profile, name, source, kv.sim_blocks, None, limits, values,
+                                  by_batch)  # fmt: skip
         frontend = fit_frontend_replayed(model, step_only, fit_stages, args.fix, _say, outside)
-        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend, limits, values)
+        gpu = write_profile(result, base, args.profile, name, source, kv.sim_blocks, frontend, limits, values,
+                            by_batch)  # fmt: skip
     except OSError as err:
         raise UsageError(f"--profile {args.profile}: {err.strerror}") from err
     except ProfileError as err:
@@ -376,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
         for i, s in enumerate(fit_stages, 1):
             _say(f"calibrate: delivery noise: replaying fitted stage {i}/{len(fit_stages)} {s.name} without it")
             gap, turn = outside(s)
-            quiet[s.name] = replay_runs(model, gpu, stage_load(s), s.runs, client_overhead_s=gap,
+            quiet[s.name] = replay_runs(model, gpu, stage_load(s), replays(s, args.replays), client_overhead_s=gap,
                                         turnaround_s=turn).figures  # fmt: skip
         tail = spread.tail_s() if spread is not None else 0.0
         noise = fit_delivery_noise({s.name: s.figures for s in fit_stages}, quiet, tail)
@@ -388,6 +417,8 @@ def run(args: argparse.Namespace) -> int:
         print("  per stage, ms: " + ", ".join(f"{k} {v * 1000:.2f}" for k, v in noise.per_stage_s.items()))
     if spread is not None:
         print(f"\nstep spread (vLLM's logged steps around their mean; in the profile): {spread.note()}")
+    if offsets is not None:
+        print(f"\ndecode step by batch (vLLM's logged decode-only steps; in the profile): {offsets.note()}")
     print(f"\nKV capacity: {kv.reason}")
     print(f"\nscheduler limits: max_num_seqs {limits['max_num_seqs']}, max_num_batched_tokens "
           f"{limits['max_num_batched_tokens']} ({sources['limits']}); async scheduling "
@@ -414,6 +445,12 @@ def run(args: argparse.Namespace) -> int:
         "step_spread": {"values": list(spread.values), "steps": spread.steps, "groups": spread.groups}
         if spread is not None
         else None,
+        "decode_step_offsets": {
+            "values": list(offsets.values),
+            "steps": {str(b): n for b, n in sorted(offsets.measured.items())},
+        }
+        if offsets is not None
+        else None,  # fmt: skip
         "kv_capacity": {
             "blocks": kv.capacity.blocks if kv.capacity else None,
             "block_size": kv.capacity.block_size if kv.capacity else None,
@@ -436,8 +473,8 @@ def run(args: argparse.Namespace) -> int:
             modeled = f"{s.runs} × {s.duration_s:.0f} s modeled"
             _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({modeled})")
             gap, turn = outside(s)
-            replayed = replay_runs(model, gpu, stage_load(s), s.runs, client_overhead_s=gap, turnaround_s=turn,
-                                   delivery_noise_s=delivery_s)  # fmt: skip
+            replayed = replay_runs(model, gpu, stage_load(s), replays(s, args.replays), client_overhead_s=gap,
+                                   turnaround_s=turn, delivery_noise_s=delivery_s)  # fmt: skip
             sim = replayed.figures
             real = {**s.figures, **s.server_figures()}
             ranks = {k: r.as_dict() for k, r in percentile_ranks(real, replayed.samples).items()}

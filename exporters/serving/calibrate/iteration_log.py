@@ -84,6 +84,12 @@ def read_steps(path: str, stages: Sequence[Stage]) -> list[LoggedStep]:
     return steps
 
 
+def decode_row(model: ModelProfile, stage: Stage, batch: int) -> Row:
+    """A logged decode-only step of ``batch`` sequences in ``stage``: at the stage's mean context."""
+    context = stage.prompt_tokens + (stage.output_tokens - 1) / 2
+    return Row(((1.0, mixed_step(model, float(batch), 0.0, stage.prompt_tokens, context)),), logged=True)
+
+
 def iteration_rows(
     model: ModelProfile, stages: Sequence[Stage], steps: Sequence[LoggedStep], path: str = "the log"
 ) -> list[tuple[str, str, Row, float]]:
@@ -95,11 +101,9 @@ def iteration_rows(
     for stage in stages:
         by_batch = decode_steps(steps, stage.windows)
         seen += sum(map(len, by_batch.values()))
-        context = stage.prompt_tokens + (stage.output_tokens - 1) / 2
         for batch, elapsed in sorted(by_batch.items()):
             if len(elapsed) >= LEAST:
-                shape = mixed_step(model, float(batch), 0.0, stage.prompt_tokens, context)
-                row = Row(((1.0, shape),), logged=True)
+                row = decode_row(model, stage, batch)
                 rows.append((stage.name, f"{OBSERVABLE} b={batch}", row, statistics.fmean(elapsed)))
     if not seen:
         first, last = (time.strftime("%m-%d %H:%M:%S", time.localtime(f(s.second for s in steps))) for f in (min, max))

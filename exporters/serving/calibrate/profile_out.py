@@ -12,7 +12,9 @@ profile's existing fields:
   limits and whether it plans ahead (given to calibrate, or the base profile's);
 - ``frontend_fixed_seconds`` and ``frontend_per_running_seconds``, the frontend fit's (absent: 0);
 - ``step_spread_seconds``, the logged steps' spread around their mean (``step_spread.py``), where calibrate measured
-  one; else none, whatever the base profile had (a spread is a measured engine's, not the base's).
+  one; else none, whatever the base profile had (a spread is a measured engine's, not the base's);
+- ``decode_step_offsets_seconds``, the logged decode step by batch against the fit (``decode_offsets.py``), the
+  same way.
 
 A term the data did not identify is written as free: ``peak_tensor_flops`` or ``hbm_bytes_per_s`` 1e30 (the
 term is then ~0 s), the overheads 0. Memory, power, clocks, LoRA and thermal fields stay the base's.
@@ -42,6 +44,7 @@ def profile_document(
     frontend: FrontendFit | None = None,
     scheduler: Mapping[str, int | bool] | None = None,
     step_spread: Sequence[float] = (),
+    decode_offsets: Sequence[float] = (),
 ) -> dict[str, object]:
     doc: dict[str, object] = yaml.safe_load(Path(base.path).read_text(encoding="utf-8"))
     v = fit.values
@@ -66,6 +69,9 @@ def profile_document(
     doc.pop("step_spread_seconds", None)
     if step_spread:
         doc["step_spread_seconds"] = [float(v) for v in step_spread]
+    doc.pop("decode_step_offsets_seconds", None)
+    if decode_offsets:
+        doc["decode_step_offsets_seconds"] = [float(v) for v in decode_offsets]
     return doc
 
 
@@ -79,9 +85,10 @@ def write_profile(
     frontend: FrontendFit | None = None,
     scheduler: Mapping[str, int | bool] | None = None,
     step_spread: Sequence[float] = (),
+    decode_offsets: Sequence[float] = (),
 ) -> GPUProfile:
     """Write the profile and load it back through the sim's loader (strict validation)."""
-    doc = profile_document(fit, base, name, source, kv_blocks, frontend, scheduler, step_spread)
+    doc = profile_document(fit, base, name, source, kv_blocks, frontend, scheduler, step_spread, decode_offsets)
     header = "# Written by `loadlens calibrate` (docs/calibration.md); a sim GPU profile.\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=110), encoding="utf-8")

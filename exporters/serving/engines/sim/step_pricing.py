@@ -63,9 +63,10 @@ def price_step(
     insertion_overhead: float = 0.0,
     spread_seconds: float = 0.0,
 ) -> PricedStep:
-    """``factor`` scales every modeled second (jitter; 1.0 without) and ``spread_seconds`` (modeled s, either
-    sign) is added to the step's run: wall = (modeled x factor + spread) / speed, the step never ending before
-    its host overhead does. ``insertion_overhead`` (modeled s) is host time added when the step admits waiting
+    """``factor`` scales every modeled second (jitter; 1.0 without), the GPU profile's offset for a decode-only
+    step of this batch included, and ``spread_seconds`` (modeled s, either sign) is added to the step's run:
+    wall = ((modeled + offset) x factor + spread) / speed, the step never ending before its host overhead
+    does. ``insertion_overhead`` (modeled s) is host time added when the step admits waiting
     requests."""
     stall = 0.0
     loads: list[tuple[str, float]] = []
@@ -79,6 +80,10 @@ def price_step(
         cost = dataclasses.replace(cost, overhead_seconds=cost.overhead_seconds + insertion_overhead)
     stall_end = start + stall * factor / speed
     busy_start = stall_end + cost.overhead_seconds * factor / speed
-    # The spread is in the model's run (where vLLM's iteration log measured it): never a run below 0.
-    end = max(busy_start, start + (cost.total_seconds * factor + spread_seconds) / speed)
+    # A measured engine's departure from the formula at this batch (decode-only steps: where vLLM's log
+    # measured it), and the spread, are in the model's run, where that log timed them: never a run below 0.
+    offset = 0.0
+    if gpu.decode_step_offsets_seconds and batch.iteration_counts()[0] == 0:
+        offset = gpu.decode_step_offset(len(batch.reqs))
+    end = max(busy_start, start + ((cost.total_seconds + offset) * factor + spread_seconds) / speed)
     return PricedStep(cost, start, stall_end, busy_start, end, tuple(loads))
