@@ -4,13 +4,18 @@ figures)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from exporters.serving.calibrate.fit import FitResult
 from exporters.serving.calibrate.frontend_fit import FrontendFit
+from exporters.serving.calibrate.iteration_log import LoggedStep, parse
 from exporters.serving.calibrate.observations import Stage
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import StageLoad, replay
+from exporters.serving.engines.sim.iteration_details import IterationDetailsLogger
+from exporters.serving.engines.sim.virtual_time import START
 from loadlens.contracts.gpu_profile import GPUProfile, load_gpu_profile
 from loadlens.contracts.model_profile import ModelProfile, load_model_profile
 from tests.support.paths import ROOT
@@ -112,3 +117,25 @@ def experiment_doc(stages: list[Stage], repeats: int = 1) -> dict[str, object]:
     result = ExperimentResult(run_id="known", experiment=info, server=ServerInfo(mode="sim"), start_time="t",
                               trials=trials, completed=True)  # fmt: skip
     return result.dump()
+
+
+def logged_stages(gpu: GPUProfile, names: list[str]) -> tuple[list[Stage], list[LoggedStep]]:
+    """Each stage replayed on ``gpu`` with the sim writing vLLM's iteration line for each step, the stages an
+    hour apart on the log's clock: the stages with their runs' spans, and the log's steps as calibrate parses
+    them."""
+    lines: list[str] = []
+    stages = []
+    for i, name in enumerate(names):
+        offset, load = 1000.0 * i, LOADS[name]
+
+        def loggers(clock: Callable[[], float], offset: float = offset) -> list[IterationDetailsLogger]:
+            return [IterationDetailsLogger(lines.append, clock=lambda: clock() + offset)]
+
+        got = replay(model(), gpu, load, loggers=loggers)
+        start = START + offset + load.warmup_s
+        completed = int(got.figures["completed"] or 0)
+        window = ((start, start + load.duration_s),)
+        stages.append(Stage(name, load.users, load.prompt, load.output, load.duration_s, completed, windows=window))
+    steps = parse(lines, time.localtime(START).tm_year)
+    assert len(steps) == len(lines)
+    return stages, steps

@@ -165,20 +165,26 @@ def test_the_servers_scheduler_limits_go_into_the_profile_and_the_replay(
     assert ttft(small, "p600-c2") > ttft(big, "p600-c2")
 
 
-def test_the_logged_steps_spread_goes_into_the_profile(
-    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # The known sweep's runs span seconds 0 to 4 of the epoch: a log of steps in its second 1, read in this
-    # host's zone, 2.0 and 2.4 ms single decodes alike: each of the five stages one group, 0.2 ms either side.
+def _logged_run(sweep: Path, tmp: Path) -> tuple[list[str], Path, Path]:
+    """A calibrate command (no prediction) with a vLLM log: the known sweep's runs span seconds 0 to 4 of the
+    epoch, and the log holds 2.0 and 2.4 ms single decodes alike in its second 1 (read in this host's zone), 40
+    in each of the five stages' runs. Returns the command, the profile it writes and its JSON report."""
     stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(1.0))
     line = (f"(APIServer pid=1) INFO {stamp} [loggers.py:199] Engine 000: Iteration(1): 0 context requests, 0 "
             "context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: {ms} ms")  # fmt: skip
-    log = tmp_path / "vllm.log"
+    log = tmp / "vllm.log"
     log.write_text("\n".join(line.format(ms=ms) for ms in ("2.0", "2.4") * 20) + "\n")
-    out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
-    base = ["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
-            "--no-predict",
-            "--no-delivery-noise", "--json", str(report), "--iteration-log", str(log)]  # fmt: skip
+    out, report = tmp / "fitted.yaml", tmp / "report.json"
+    argv = ["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
+            "--no-predict", "--no-delivery-noise", "--json", str(report), "--iteration-log", str(log)]  # fmt: skip
+    return argv, out, report
+
+
+def test_the_logged_steps_spread_goes_into_the_profile(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each of the five stages one group of 40 single decodes, 0.2 ms either side of their mean.
+    base, out, report = _logged_run(sweep, tmp_path)
     assert main(base) == 0
     assert load_gpu_profile(str(out)).step_spread_seconds == (-0.0002,) * 25 + (0.0002,) * 25
     assert json.loads(report.read_text())["step_spread"] == {
@@ -195,16 +201,8 @@ def test_the_logged_steps_spread_goes_into_the_profile(
 def test_the_logged_decode_step_by_batch_goes_into_the_profile(
     sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # As above: 40 single decodes in each of the five stages' runs, 2.2 ms on average, against the fit's step.
-    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(1.0))
-    line = (f"(APIServer pid=1) INFO {stamp} [loggers.py:199] Engine 000: Iteration(1): 0 context requests, 0 "
-            "context tokens, 1 generation requests, 1 generation tokens, iteration elapsed time: {ms} ms")  # fmt: skip
-    log = tmp_path / "vllm.log"
-    log.write_text("\n".join(line.format(ms=ms) for ms in ("2.0", "2.4") * 20) + "\n")
-    out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
-    base = ["calibrate", "--replays", "1", str(sweep), "--model-profile", str(MODEL), "--profile", str(out),
-            "--no-predict",
-            "--no-delivery-noise", "--json", str(report), "--iteration-log", str(log)]  # fmt: skip
+    # 40 single decodes in each of the five stages' runs, 2.2 ms on average, against the fit's step.
+    base, out, report = _logged_run(sweep, tmp_path)
     assert main(base) == 0
     written = json.loads(report.read_text())["decode_step_offsets"]
     assert written["steps"] == {"1": 200} and len(written["values"]) == 1

@@ -5,8 +5,6 @@ batches, written to the profile; and a hidden sim's offsets recovered from the s
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,14 +12,11 @@ import pytest
 from exporters.serving.calibrate.decode_offsets import DecodeOffsets, measure
 from exporters.serving.calibrate.fit import LOG_GAP, FitResult
 from exporters.serving.calibrate.frontend_fit import FrontendFit
-from exporters.serving.calibrate.iteration_log import LEAST, LoggedStep, decode_row, parse
+from exporters.serving.calibrate.iteration_log import LEAST, LoggedStep, decode_row
 from exporters.serving.calibrate.observations import Stage
 from exporters.serving.calibrate.profile_out import write_profile
-from exporters.serving.calibrate.replay import replay
-from exporters.serving.engines.sim.iteration_details import IterationDetailsLogger
-from exporters.serving.engines.sim.virtual_time import START
 from loadlens.contracts.gpu_profile import GPUProfile, load_gpu_profile
-from tests.calibrate.known import HIDDEN, HIDDEN_FRONTEND, LOADS, model
+from tests.calibrate.known import HIDDEN, HIDDEN_FRONTEND, logged_stages, model
 from tests.calibrate.test_fit import TRUE, ladder
 
 FIT = FitResult(values={**HIDDEN, LOG_GAP: 0.0005}, stderr=dict.fromkeys(HIDDEN, 0.0))
@@ -88,20 +83,8 @@ def test_a_hidden_sims_offsets_are_recovered_from_the_step_log_it_writes(tmp_pat
     host overhead: with no cost per sequence that overhead is the fixed step cost, the fit's ``log_gap_s``."""
     values = {"per_seq_s": 0.0, "s_per_byte": 1e-9}  # a decode's run of 1 ms and more: -0.4 ms never clamps
     gpu = _profile(tmp_path, "hidden-offsets", HIDDEN_OFFSETS, per_seq_s=0.0, s_per_byte=1e-9)
-    lines: list[str] = []
-    stages = []
-    for i, name in enumerate(("c1-p240", "c3-p240", "p40-c2")):
-        offset, load = 1000.0 * i, LOADS[name]
-
-        def loggers(clock: Callable[[], float], offset: float = offset) -> list[IterationDetailsLogger]:
-            return [IterationDetailsLogger(lines.append, clock=lambda: clock() + offset)]
-
-        replayed = replay(model(), gpu, load, loggers=loggers)
-        start = START + offset + load.warmup_s
-        completed = int(replayed.figures["completed"] or 0)
-        window = ((start, start + load.duration_s),)
-        stages.append(Stage(name, load.users, load.prompt, load.output, load.duration_s, completed, windows=window))
+    stages, steps = logged_stages(gpu, ["c1-p240", "c3-p240", "p40-c2"])
     fit = FitResult(values={**HIDDEN, **values, LOG_GAP: HIDDEN["step_overhead_s"]}, stderr={})
-    got = measure(model(), fit, stages, parse(lines, time.localtime(START).tm_year))
+    got = measure(model(), fit, stages, steps)
     assert set(got.measured) == {1, 2, 3}
     assert got.values == pytest.approx(HIDDEN_OFFSETS, abs=3e-5)

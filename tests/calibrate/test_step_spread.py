@@ -7,23 +7,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from exporters.serving.calibrate.fit import FitResult
 from exporters.serving.calibrate.frontend_fit import FrontendFit
-from exporters.serving.calibrate.iteration_log import LEAST, LoggedStep, parse
-from exporters.serving.calibrate.observations import Stage
+from exporters.serving.calibrate.iteration_log import LEAST, LoggedStep
 from exporters.serving.calibrate.profile_out import write_profile
 from exporters.serving.calibrate.replay import StageLoad, replay
 from exporters.serving.calibrate.step_spread import POINTS, StepSpread, measure
-from exporters.serving.engines.sim.iteration_details import IterationDetailsLogger
-from exporters.serving.engines.sim.virtual_time import START
 from loadlens.contracts.gpu_profile import load_gpu_profile
-from tests.calibrate.known import HIDDEN, HIDDEN_FRONTEND, LOADS, model
+from tests.calibrate.known import HIDDEN, HIDDEN_FRONTEND, logged_stages, model
 from tests.calibrate.test_fit import TRUE, ladder
 
 SHARES = tuple(round((i - (POINTS - 1) / 2) * 1e-4, 7) for i in range(POINTS))
@@ -124,21 +119,8 @@ def test_a_hidden_sims_spread_is_recovered_from_the_step_log_it_writes(tmp_path:
     # A memory term (1 GB/s), which the other tests' hidden sim has not: a decode's run (what the log times, the
     # spread in it) of 1 ms and more, so the spread's lowest value never clamps a run at 0.
     gpu = _profile(tmp_path, "hidden-spread", HIDDEN_SPREAD, s_per_byte=1e-9)
-    lines: list[str] = []
-    stages = []
-    for i, name in enumerate(("c1-p240", "c3-p240", "p40-c2")):
-        offset, load = 1000.0 * i, LOADS[name]  # each stage's replay an hour apart on the log's clock
-
-        def loggers(clock: Callable[[], float], offset: float = offset) -> list[IterationDetailsLogger]:
-            return [IterationDetailsLogger(lines.append, clock=lambda: clock() + offset)]
-
-        got = replay(model(), gpu, load, loggers=loggers)
-        start = START + offset + load.warmup_s
-        completed = int(got.figures["completed"] or 0)
-        window = ((start, start + load.duration_s),)
-        stages.append(Stage(name, load.users, load.prompt, load.output, load.duration_s, completed, windows=window))
-    steps = parse(lines, time.localtime(START).tm_year)
-    assert len(steps) == len(lines) > 3000
+    stages, steps = logged_stages(gpu, ["c1-p240", "c3-p240", "p40-c2"])
+    assert len(steps) > 3000
     spread = measure(stages, steps)
     assert spread.groups == 3  # c1's one decode, c3's three, p40's two: the other batches have too few steps
     # The body's shares and the tail's within 0.04 ms of the hidden values (a group's runs differ by their
