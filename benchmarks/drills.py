@@ -18,9 +18,10 @@ too). Each drill prints its figures and a verdict line; the exit status is 1 whe
    verdict at 1.25x, 2x for the quick variant's few hundred requests), every request must answer 200 and the
    lost spans must be counted (``loadlens_trace_spans_dropped_total`` > 0).
 4. ``restarts``: the local stack (real Prometheus, Alertmanager, pager) with 10 s latency windows; a TTFT
-   breach on the sim (300 ms of host time on every admitting step); Alertmanager and then Prometheus are restarted (SIGTERM, same data directories) while
-   the alert is pending, and Alertmanager again while it fires. The page must still arrive and, after the
-   load stops, its resolution. Firing notifications are counted (a repeat is a re-notification, not a loss).
+   breach on the sim (300 ms of host time on every admitting step); Alertmanager and then Prometheus are
+   restarted (SIGTERM, same data directories) while the alert is pending, and Alertmanager again while it
+   fires. The page must still arrive and, after the load stops, its resolution. Firing notifications are
+   counted (a repeat is a re-notification, not a loss).
 
 The quick variants (CI) use small numbers. ``--invariants-only`` (the CI test) judges only counts and status
 codes; ``otlp_down``'s p99 ratio is then printed, not judged (a stall doubles a p99 of a few hundred requests).
