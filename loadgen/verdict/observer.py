@@ -28,6 +28,9 @@ from loadlens.util.prometheus import PrometheusClient, PrometheusUnreachable, Qu
 
 DEFAULT_ALERT_WAIT_S = 180.0
 """Longest wait after the run for pending alerts and pages: above the SLO alerts' longest ``for:`` (2m)."""
+TELL_LATE_S = 10.0
+"""After the run's end, how long Prometheus may take to scrape and judge its last samples before the wait says
+it is waiting for that (at least four evaluation intervals: a scrape interval and two evaluations is routine)."""
 PAGE_GRACE_S = 30.0
 """How long a firing alert of the window may take to reach the pager (group_wait 5-10 s, resend, delivery)."""
 _HIDDEN_LABELS = frozenset({"__name__", "alertname", "alertstate", "severity"})
@@ -307,10 +310,10 @@ def observe(
                 if t >= deadline:
                     window.unsettled = waiting
                     break
-                # Prometheus catching up is routine (a second or two), told in one phrase and only when it takes
-                # longer than two evaluations; an alert or a page is told at once.
+                # Prometheus catching up is routine (a scrape interval and two evaluations), told in one phrase
+                # and only past TELL_LATE_S or four evaluations; an alert or a page is told at once.
                 tell = [w for w in waiting if w not in judging]
-                if judging and t >= earliest:
+                if judging and t >= end + max(TELL_LATE_S, 4 * interval):
                     tell.insert(0, "Prometheus to scrape and judge the run's last samples")
                 if tell and not told.issuperset(tell):
                     say(f"waiting up to {max(0.0, deadline - t):.0f} s for alerts to settle: {', '.join(tell)}")

@@ -241,10 +241,10 @@ def test_observe_waits_for_the_runs_last_scrape_when_scrapes_are_slower_than_eva
                     sleep=f.sleep, say=said.append)  # fmt: skip
     assert [(a.alertname, a.state, a.starts_at) for a in obs.alerts] == [("Late", "firing", _iso(end + 40))]
     assert obs.window.waited_seconds == 40.0 and obs.window.unsettled == []
+    # Told at end + 10 (TELL_LATE_S): the recording group has yet to evaluate once more (end + 11).
     assert said == [
-        "waiting up to 116 s for alerts to settle: Prometheus to scrape and judge the run's last samples",
         "waiting up to 110 s for alerts to settle: Prometheus to scrape and judge the run's last samples, Late "
-        "(pending)",  # at end + 10 the recording group has yet to evaluate once more (end + 11)
+        "(pending)",
     ]
 
 
@@ -270,7 +270,7 @@ def test_a_stalled_prometheus_ends_the_wait_at_the_bound_and_says_what_it_waited
                     sleep=f.sleep, say=said.append)  # fmt: skip
     assert obs.window.waited_seconds == 30.0
     assert obs.window.unsettled == ["a scrape of loadlens-serve after the run"]
-    assert said == ["waiting up to 26 s for alerts to settle: Prometheus to scrape and judge the run's last samples"]
+    assert said == ["waiting up to 20 s for alerts to settle: Prometheus to scrape and judge the run's last samples"]
 
 
 def test_observe_names_what_it_could_not_read() -> None:
