@@ -72,10 +72,14 @@ class Published:
     """What the source does not state, and what stands in for it."""
     min_seconds: float = 0.0
     """The least modeled seconds a load is measured for, whatever ``--seconds`` says: long enough for a whole
-    request to fit in the window (a request counts only if it starts and ends in it)."""
+    request to fit in the window (a request counts where it starts in it, measured to its end)."""
 
 
 A100_C1, A100_C8 = Load(1, 1024, 128), Load(8, 1024, 128)
+RATE = "server_output_throughput"
+"""The sim's output tokens made per second of the window (its ``vllm:generation_tokens_total``): a steady rate,
+as a benchmark's tokens over its whole run; the replay's ``output_throughput`` counts whole requests begun in
+the window, as the load generator does, and moves by a request at the window's edges."""
 
 
 def _decode_rate(replays: Replays) -> float | None:
@@ -84,7 +88,7 @@ def _decode_rate(replays: Replays) -> float | None:
 
 
 def _throughput_ratio(replays: Replays) -> float | None:
-    one, eight = replays[A100_C1.label].get("output_throughput"), replays[A100_C8.label].get("output_throughput")
+    one, eight = replays[A100_C1.label].get(RATE), replays[A100_C8.label].get(RATE)
     return None if not one or eight is None else eight / one
 
 
@@ -217,7 +221,7 @@ GPUSTACK_QWEN3_H100 = Published(
             name="output throughput at 4 (tokens/s)",
             published=496.88,
             how="the run's Output token throughput (tok/s); the sim: its output tokens/s over the window",
-            sim=_at(QWEN3_C4, "output_throughput"),
+            sim=_at(QWEN3_C4, RATE),
         ),
         Figure(
             name="mean E2E latency at 4 (ms)",

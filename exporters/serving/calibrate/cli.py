@@ -470,10 +470,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_predict:
         rows: list[dict[str, object]] = []
         for i, s in enumerate(stages, 1):
-            modeled = f"{s.runs} × {s.duration_s:.0f} s modeled"
+            n = replays(s, args.replays)
+            modeled = f"{n} × {s.duration_s:.0f} s modeled"
             _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({modeled})")
             gap, turn = outside(s)
-            replayed = replay_runs(model, gpu, stage_load(s), replays(s, args.replays), client_overhead_s=gap,
+            replayed = replay_runs(model, gpu, stage_load(s), n, client_overhead_s=gap,
                                    turnaround_s=turn, delivery_noise_s=delivery_s)  # fmt: skip
             sim = replayed.figures
             real = {**s.figures, **s.server_figures()}

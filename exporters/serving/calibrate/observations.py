@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from exporters.serving.calibrate.user_draws import NO_THINK, Clamped
 from loadlens.contracts.engine_counters import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, SPAN
 from loadlens.contracts.experiment_result import ExperimentResult
@@ -29,6 +31,64 @@ CLIENT_FIGURES = (
 
 class CalibrationInputError(ValueError):
     """Unusable input: one line, the CLI exits 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeadIn:
+    """What ran before a measured stage in each of its runs: the users of the stage before it (the warmup) and
+    its mean duration. At the measured stage's start the load generator spawns the users it adds all at once
+    (or stops those it drops), and it measures every request begun in the stage to its end; the replay does
+    the same (replay.py), so the stage's first seconds carry the same burst of first requests."""
+
+    users: int
+    duration_s: float
+    requests: int | None = None
+    """Where every run's lead-in ended on its count of answered requests (``until_requests``, read from the run's
+    profile), that count: the replay ends its lead-in on the same count, so the lead-in's users are where the
+    load generator left them (just answered, together where they started together); None: on its duration."""
+
+
+def _until_requests(experiment_dir: Path, doc: dict[str, object], index: int) -> int | None:
+    """The ``until_requests`` of stage ``index`` of the profile a run names (its ``profile.source``, or the
+    file of that name under the experiment's ``profiles/``: a copied directory); None where none is found."""
+    profile = doc.get("profile")
+    source = profile.get("source") if isinstance(profile, dict) else None
+    if not isinstance(source, str):
+        return None
+    for path in (Path(source), experiment_dir / "profiles" / Path(source).name):
+        try:
+            stages = yaml.safe_load(path.read_text(encoding="utf-8"))["stages"]
+            count = stages[index].get("until_requests")
+        except (OSError, yaml.YAMLError, KeyError, TypeError, IndexError, AttributeError):
+            continue
+        return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+    return None
+
+
+def read_lead_in(experiment_dir: Path, result_paths: list[str]) -> LeadIn | None:
+    """The lead-in of a trial's runs from their ``benchmark_result.json`` files: the stage before the first
+    measured one, its users (the last run's), its duration (the mean) and, where every run's ended on its count
+    of requests, that count; None where a file is missing or unreadable, or a run has no stage before its
+    measured one."""
+    users, durations, counts = 0, [], set()
+    for rel in result_paths:
+        try:
+            doc = json.loads((experiment_dir / rel).read_text(encoding="utf-8"))
+            stages = doc["stages"]
+            first = next(i for i, s in enumerate(stages) if not s.get("warmup"))
+            before = stages[first - 1] if first > 0 else None
+            if before is None:
+                return None
+            users = int(before["target_users"])
+            durations.append(float(before["duration"]))
+            ended = before.get("end_reason")
+            counts.add(_until_requests(experiment_dir, doc, first - 1) if ended == "until_requests" else None)
+        except (OSError, ValueError, KeyError, TypeError, StopIteration):
+            return None
+    if not durations or users < 1:
+        return None
+    count = counts.pop() if len(counts) == 1 else None
+    return LeadIn(users, sum(durations) / len(durations), count)
 
 
 @dataclass(slots=True)
@@ -59,6 +119,9 @@ class Stage:
     windows: tuple[tuple[float, float], ...] = ()
     """The (start, end) epoch seconds of each run of the stage, where the run recorded them: where to look for
     the stage in the server's own log (iteration_log.py)."""
+    lead_in: LeadIn | None = None
+    """The load before the measured stage (the warmup) as the runs' ``benchmark_result.json`` recorded it; None
+    where they are not found (the replay then starts every user at once and measures after a warmup of its own)."""
 
     def server_figures(self) -> dict[str, float]:
         """The server's own figures over the window: vLLM's histogram means (ms), its output token rate
@@ -203,6 +266,7 @@ def read_stages(path: Path) -> list[Stage]:
                 output_stdev=spread,
                 think_time=Clamped(think, think_stdev),
                 windows=tuple((r.start_timestamp, r.end_timestamp) for r in runs),
+                lead_in=read_lead_in(path.parent, [r.result_path for r in runs]),
             )
         )
     if not stages:
