@@ -65,7 +65,7 @@ def test_the_a100_figures_are_the_sims_decode_rate_and_batching_gain() -> None:
     one, eight = replays[pub.A100_C1.label], replays[pub.A100_C8.label]  # type: ignore[index]
     decode, ratio = result["figures"]  # type: ignore[misc]
     assert decode["sim"] == 1000.0 / one["median_itl_ms"]
-    assert ratio["sim"] == eight["output_throughput"] / one["output_throughput"]
+    assert ratio["sim"] == eight[pub.RATE] / one[pub.RATE]
     # the replays ran the source's load: one request at a time at C=1; at C=8 at most 8 running (the rest of the
     # eight queue while a 1,024-token prompt is prefilled). Little's law over a window whose edges cut requests.
     assert round(one["mean_running"]) == 1 and 1 < eight["mean_running"] <= 8
