@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporters.serving.calibrate.observations import LeadIn, read_lead_in, read_stages
+from exporters.serving.calibrate.observations import LeadIn, lead_in_before, read_lead_in, read_stages
 from exporters.serving.calibrate.replay import StageLoad, replay, stage_load
 from exporters.serving.engines.sim.stats import EngineEvent, EngineStats, StepStats
 from loadlens.contracts.engine_counters import SPAN
@@ -176,3 +176,19 @@ def test_a_sweeps_stage_replays_with_its_lead_in_and_its_span(tmp_path: Path) ->
     load = stage_load(stage)
     assert (load.lead_in_users, load.warmup_s) == (2, 1.5)
     assert load.server_span_s == pytest.approx(stage.counters[SPAN] / stage.runs)
+
+
+def test_a_load_runs_stage_has_the_stage_before_it_as_its_lead_in(tmp_path: Path) -> None:
+    """``loadlens load`` runs: each measured stage's lead-in is the stage before it, warm-up or measured, where
+    that one ran closed-loop users; after an open-loop stage, or for the first stage, none."""
+    _write_profile(tmp_path / "profiles" / "run.yaml", 4)
+    doc = {
+        "profile": {"source": str(tmp_path / "profiles" / "run.yaml")},
+        "stages": [
+            {"name": "warmup", "warmup": True, "target_users": 2, "duration": 1.8, "end_reason": "until_requests"},
+            {"name": "c4", "target_users": 4, "duration": 20.0, "end_reason": "duration"},
+            {"name": "burst", "target_users": None, "target_rate": 5.0, "duration": 10.0, "end_reason": "duration"},
+            {"name": "c8", "target_users": 8, "duration": 20.0, "end_reason": "duration"},
+        ],
+    }
+    assert [lead_in_before(tmp_path, doc, i) for i in range(4)] == [None, LeadIn(2, 1.8, 4), LeadIn(4, 20.0), None]

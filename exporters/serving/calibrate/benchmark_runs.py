@@ -17,7 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from exporters.serving.calibrate.observations import CLIENT_FIGURES, CalibrationInputError, Stage
+from exporters.serving.calibrate.observations import (
+    CLIENT_FIGURES,
+    CalibrationInputError,
+    LeadIn,
+    Stage,
+    lead_in_before,
+)
 from exporters.serving.calibrate.user_draws import Clamped
 from loadlens.contracts.engine_counters import BUCKETED, ENGINE_COUNTERS, SPAN, bucket_key, parse_engine_counters
 from loadlens.contracts.kv_capacity import SERIES as KV_SERIES
@@ -98,7 +104,7 @@ def read_benchmark_stages(
     prom = PrometheusClient(prometheus)
     drawn = profile_draws(result)
     stages: list[Stage] = []
-    for st in result.stages:
+    for index, st in enumerate(result.stages):
         if st.warmup:
             continue
         users, figures = _client_stage(path, st)
@@ -122,12 +128,23 @@ def read_benchmark_stages(
                 counters=counters,
                 kv_capacity=capacity,
                 windows=((st.start_timestamp, st.end_timestamp),),
+                lead_in=_lead_in(path, doc, index),
                 **drawn,
             )
         )
     if not stages:
         raise CalibrationInputError(f"{path}: no measured stage")
     return stages
+
+
+def _lead_in(path: Path, doc: dict[str, Any], index: int) -> LeadIn | None:
+    """The stage before a run's stage ``index`` (a warm-up or a measured one) as its lead-in
+    (observations.lead_in_before); None where that is not a closed-loop stage of users or the document lacks
+    what it needs."""
+    try:
+        return lead_in_before(path.parent, doc, index)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def profile_draws(result: BenchmarkResult) -> dict[str, Any]:

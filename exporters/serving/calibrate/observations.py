@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -65,30 +66,42 @@ def _until_requests(experiment_dir: Path, doc: dict[str, object], index: int) ->
     return None
 
 
+def lead_in_before(base_dir: Path, doc: dict[str, Any], index: int) -> LeadIn | None:
+    """The lead-in of stage ``index`` of a ``benchmark_result.json`` document: the stage before it, where that
+    one ran closed-loop users (its users, its duration and, where it ended on its count of requests, that count
+    from the run's profile, looked for beside ``base_dir`` too); None for the first stage or one after an
+    open-loop stage."""
+    if index < 1:
+        return None
+    before = doc["stages"][index - 1]
+    users = before.get("target_users")
+    if not isinstance(users, int) or isinstance(users, bool) or users < 1:
+        return None
+    ended = before.get("end_reason")
+    count = _until_requests(base_dir, doc, index - 1) if ended == "until_requests" else None
+    return LeadIn(users, float(before["duration"]), count)
+
+
 def read_lead_in(experiment_dir: Path, result_paths: list[str]) -> LeadIn | None:
-    """The lead-in of a trial's runs from their ``benchmark_result.json`` files: the stage before the first
-    measured one, its users (the last run's), its duration (the mean) and, where every run's ended on its count
-    of requests, that count; None where a file is missing or unreadable, or a run has no stage before its
-    measured one."""
-    users, durations, counts = 0, [], set()
+    """The lead-in of a trial's runs from their ``benchmark_result.json`` files (:func:`lead_in_before` of the
+    first measured stage): the users (the last run's), the duration (the mean) and, where every run's ended on
+    the same count of requests, that count; None where a file is missing or unreadable, or a run has none."""
+    found: list[LeadIn] = []
     for rel in result_paths:
         try:
             doc = json.loads((experiment_dir / rel).read_text(encoding="utf-8"))
-            stages = doc["stages"]
-            first = next(i for i, s in enumerate(stages) if not s.get("warmup"))
-            before = stages[first - 1] if first > 0 else None
-            if before is None:
-                return None
-            users = int(before["target_users"])
-            durations.append(float(before["duration"]))
-            ended = before.get("end_reason")
-            counts.add(_until_requests(experiment_dir, doc, first - 1) if ended == "until_requests" else None)
-        except (OSError, ValueError, KeyError, TypeError, StopIteration):
+            first = next(i for i, s in enumerate(doc["stages"]) if not s.get("warmup"))
+            lead = lead_in_before(experiment_dir, doc, first)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):
             return None
-    if not durations or users < 1:
+        if lead is None:
+            return None
+        found.append(lead)
+    if not found:
         return None
+    counts = {lead.requests for lead in found}
     count = counts.pop() if len(counts) == 1 else None
-    return LeadIn(users, sum(durations) / len(durations), count)
+    return LeadIn(found[-1].users, sum(lead.duration_s for lead in found) / len(found), count)
 
 
 @dataclass(slots=True)
