@@ -471,8 +471,7 @@ def run(args: argparse.Namespace) -> int:
         rows: list[dict[str, object]] = []
         for i, s in enumerate(stages, 1):
             n = replays(s, args.replays)
-            modeled = f"{n} × {s.duration_s:.0f} s modeled"
-            _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} on the sim ({modeled})")
+            _say(f"calibrate: replaying stage {i}/{len(stages)} {s.name} ({n} × {s.duration_s:.0f} s modeled)")
             gap, turn = outside(s)
             replayed = replay_runs(model, gpu, stage_load(s), n, client_overhead_s=gap,
                                    turnaround_s=turn, delivery_noise_s=delivery_s)  # fmt: skip
