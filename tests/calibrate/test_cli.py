@@ -13,6 +13,7 @@ from exporters.serving.calibrate.cli import MAX_REPLAYS, REPLAY_REQUESTS, replay
 from exporters.serving.calibrate.frontend_fit import SPLIT
 from exporters.serving.calibrate.observations import Stage
 from exporters.serving.calibrate.ranks import PERCENTILES
+from exporters.serving.calibrate.step_drift import Drift, StepDrift
 from loadlens.cli import main
 from loadlens.contracts.gpu_profile import load_gpu_profile
 from tests.calibrate.known import MODEL, experiment_doc, hidden_profile, observe
@@ -218,6 +219,23 @@ def test_the_logged_decode_step_by_batch_goes_into_the_profile(
     assert load_gpu_profile(str(out)).step_spread_seconds != ()  # the spread stays
     assert json.loads(report.read_text())["decode_step_offsets"] is None
     assert "decode step by batch" not in capsys.readouterr().out
+
+
+def test_the_logged_steps_drift_is_reported_per_stage(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The same 40 single decodes in each of the five stages' runs: each stage against the other fitted ones.
+    base, _, report = _logged_run(sweep, tmp_path)
+    assert main([*base, "--hold-out", "p360-c4"]) == 0
+    drift = json.loads(report.read_text())["step_drift"]
+    assert {name: (d["steps"], d["held_out"]) for name, d in drift.items()} == {
+        "c1-p240": (40, False), "c6-p240": (40, False), "p40-c2": (40, False), "p600-c2": (40, False),
+        "p360-c4": (40, True),
+    }  # fmt: skip
+    shown = StepDrift({name: Drift(d["ratio"], d["steps"], d["held_out"]) for name, d in drift.items()})
+    printed = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step drift")]
+    want = f"step drift (each stage's logged decode steps against the other fitted stages'): {shown.note()}"
+    assert printed == [want]
 
 
 def _code_and_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

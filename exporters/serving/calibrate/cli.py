@@ -19,7 +19,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from exporters.serving.calibrate import decode_offsets, step_spread
+from exporters.serving.calibrate import decode_offsets, step_drift, step_spread
 from exporters.serving.calibrate.benchmark_runs import is_benchmark_result, read_benchmark_stages
 from exporters.serving.calibrate.client_overhead import ClientOverhead, Line, fit_client_overhead
 from exporters.serving.calibrate.delivery_noise import DeliveryNoise, fit_delivery_noise
@@ -371,6 +371,10 @@ def run(args: argparse.Namespace) -> int:
     if steps and not args.no_decode_offsets:
         offsets = decode_offsets.measure(model, result, fit_stages, steps)
     by_batch = offsets.values if offsets else ()
+    drift = step_drift.measure(model, result, stages, fit_stages, steps) if steps else None
+    for line in drift.warnings() if drift else []:
+        warnings.append(line)
+        _say(f"calibrate: warning: {line}")
 
     delivery_s = 0.0  # fitted below, once the profile is
 
@@ -419,6 +423,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nstep spread (vLLM's logged steps around their mean; in the profile): {spread.note()}")
     if offsets is not None:
         print(f"\ndecode step by batch (vLLM's logged decode-only steps; in the profile): {offsets.note()}")
+    if drift is not None:
+        print(f"\nstep drift (each stage's logged decode steps against the other fitted stages'): {drift.note()}")
     print(f"\nKV capacity: {kv.reason}")
     print(f"\nscheduler limits: max_num_seqs {limits['max_num_seqs']}, max_num_batched_tokens "
           f"{limits['max_num_batched_tokens']} ({sources['limits']}); async scheduling "
@@ -442,15 +448,9 @@ def run(args: argparse.Namespace) -> int:
         if overhead
         else None,
         "delivery_noise": {"mean_s": noise.mean_s, "per_stage_s": noise.per_stage_s, "model": noise.note},
-        "step_spread": {"values": list(spread.values), "steps": spread.steps, "groups": spread.groups}
-        if spread is not None
-        else None,
-        "decode_step_offsets": {
-            "values": list(offsets.values),
-            "steps": {str(b): n for b, n in sorted(offsets.measured.items())},
-        }
-        if offsets is not None
-        else None,  # fmt: skip
+        "step_spread": spread.as_dict() if spread is not None else None,
+        "decode_step_offsets": offsets.as_dict() if offsets is not None else None,
+        "step_drift": drift.as_dict() if drift is not None else None,
         "kv_capacity": {
             "blocks": kv.capacity.blocks if kv.capacity else None,
             "block_size": kv.capacity.block_size if kv.capacity else None,

@@ -42,6 +42,10 @@ class DecodeOffsets:
         return (f"ms against the fitted step, {steps} decode-only steps: {', '.join(parts)}; the sim adds each to "
                 f"its decode-only steps of that batch")  # fmt: skip
 
+    def as_dict(self) -> dict[str, object]:
+        """``--json``'s ``decode_step_offsets``: the values and the steps behind each measured batch."""
+        return {"values": list(self.values), "steps": {str(b): n for b, n in sorted(self.measured.items())}}
+
 
 def measure(model: ModelProfile, fit: FitResult, stages: Sequence[Stage], steps: Sequence[LoggedStep]) -> DecodeOffsets:
     """Each batch's logged decode-only steps in ``stages`` against the fit's step for them."""

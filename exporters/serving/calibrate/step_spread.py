@@ -43,6 +43,10 @@ class StepSpread:
         """P99 − P50: what the spread alone puts between a replay's median interval and its P99 (0 without)."""
         return self.quantile(0.99) - self.quantile(0.5) if self.values else 0.0
 
+    def as_dict(self) -> dict[str, object]:
+        """``--json``'s ``step_spread``."""
+        return {"values": list(self.values), "steps": self.steps, "groups": self.groups}
+
     def note(self) -> str:
         if not self.values:
             return f"none: {self.steps} decode-only steps in the fitted stages' groups, fewer than {POINTS}"
