@@ -38,8 +38,8 @@ def test_a_stage_whose_steps_ran_slower_than_the_others_at_the_same_batch_is_tol
     assert got.stages[b.name].ratio == pytest.approx(1 / 1.08 - 1)
     assert [s.steps for s in got.stages.values()] == [LEAST, 3 * LEAST, LEAST]
     assert got.warnings() == [
-        f"stage {held.name} (held out): vLLM's decode steps ran +{(1.2 / reference - 1) * 100:.1f} % against the "
-        "other fitted stages' of the same batch (its log): the engine's speed changed between stages, and that "
+        f"stage {held.name} (held out): vLLM's logged decode steps in it ran +{(1.2 / reference - 1) * 100:.1f} % "
+        "against the other fitted stages' of the same batch: the engine's speed changed between stages, and that "
         "stage's ITL and throughput errors carry as much whatever the model"
     ]
 

@@ -47,9 +47,9 @@ class StepDrift:
 
     def warnings(self) -> list[str]:
         return [
-            f"stage {name}{' (held out)' if d.held_out else ''}: vLLM's decode steps ran {d.ratio * 100:+.1f} % "
-            "against the other fitted stages' of the same batch (its log): the engine's speed changed between "
-            "stages, and that stage's ITL and throughput errors carry as much whatever the model"
+            f"stage {name}{' (held out)' if d.held_out else ''}: vLLM's logged decode steps in it ran "
+            f"{d.ratio * 100:+.1f} % against the other fitted stages' of the same batch: the engine's speed changed "
+            "between stages, and that stage's ITL and throughput errors carry as much whatever the model"
             for name, d in self.stages.items()
             if abs(d.ratio) > WARN
         ]
