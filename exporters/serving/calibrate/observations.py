@@ -49,7 +49,7 @@ class LeadIn:
     load generator left them (just answered, together where they started together); None: on its duration."""
 
 
-def _until_requests(experiment_dir: Path, doc: dict[str, object], index: int) -> int | None:
+def _until_requests(experiment_dir: Path, doc: dict[str, Any], index: int) -> int | None:
     """The ``until_requests`` of stage ``index`` of the profile a run names (its ``profile.source``, or the
     file of that name under the experiment's ``profiles/``: a copied directory); None where none is found."""
     profile = doc.get("profile")

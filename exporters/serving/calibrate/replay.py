@@ -168,18 +168,18 @@ async def _replay(
     def in_stage(t: float) -> bool:
         return started.done() and started.result() <= t < started.result() + load.duration_s
 
-    async def user(first_at: float | None, lead: bool, stays: bool) -> None:
+    async def user(first_at: float | None, dropped: bool) -> None:
         """One closed-loop user: its first request at ``first_at`` (None: at the stage's start, plus its place
-        among the users the stage adds); a lead-in user that ``stays`` goes on into the stage, one that does not
-        sends nothing once the stage began; none is sent after the stage. Every request sent inside the stage is
-        measured to its end, as the load generator measures it."""
+        among the users the stage adds); a lead-in user the stage ``dropped`` sends nothing once the stage began;
+        none is sent after the stage. Every request sent inside the stage is measured to its end, as the load
+        generator measures it."""
         nonlocal tokens_measured, counter, answered
         if first_at is None:
             first_at = await started + added.pop(0)
         await asyncio.sleep(max(0.0, first_at - loop.time()))
         while True:
             now = loop.time()
-            if started.done() and (now >= started.result() + load.duration_s or (lead and not stays)):
+            if started.done() and (now >= started.result() + load.duration_s or dropped):
                 return
             counter += 1
             rid = counter
@@ -231,8 +231,8 @@ async def _replay(
     # from 0 and, at the stage's start, the users it lacks start at once and those it has over stop sending.
     lead = load.lead_in_users if load.lead_in_users is not None else load.users
     added = [k * 1e-4 for k in range(max(0, load.users - lead))]
-    tasks = [asyncio.create_task(user(base + i * 1e-4, True, i < load.users)) for i in range(lead)]
-    tasks += [asyncio.create_task(user(None, False, True)) for _ in range(lead, load.users)]
+    tasks = [asyncio.create_task(user(base + i * 1e-4, i >= load.users)) for i in range(lead)]
+    tasks += [asyncio.create_task(user(None, False)) for _ in range(lead, load.users)]
     clock = asyncio.create_task(lead_in_clock())
     t0 = await started
     clock.cancel()
